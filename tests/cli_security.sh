@@ -261,8 +261,9 @@ grep -q "peer: 0 messages" "$D/wrongsock.out" && wait_for "$D/broker.log" "refus
 # an address on one socket) they came from, and auth_refused_recent names
 # them: the stranger's key came from two processes (reelctl, the raw
 # peer), two peers (over ipc, ZAP's address names the process:
-# localhost:UID:GID:PID); w2's key is named; the keyless handshakes of the
-# many tries above are one peer per reason.
+# localhost:UID:GID:PID), reelctl's several tries (a fresh socket each
+# while its call waited) one of them; w2's key is named; the keyless
+# handshakes of the many tries above are one peer per reason.
 spub=$(sed -n 's/^public-key = //p' "$D/other/stranger.pub")
 with bob "$R" status --broker "$CE" --json >"$D/refused.json" 2>&1
 with bob "$R" status --broker "$CE" >"$D/refused.txt" 2>&1
@@ -274,6 +275,7 @@ mine = [p for p in recent if p["key"] == sys.argv[2]]
 w2 = [p for p in recent if p["name"] == "w2"]
 assert len(mine) == 2 and all("not in the allowlist" in p["why"] and p["socket"] == "client" for p in mine), recent
 assert all(p["address"].startswith("localhost:") for p in mine) and mine[0]["address"] != mine[1]["address"], mine
+assert max(p["count"] for p in mine) >= 2, mine
 assert len(w2) == 1 and w2[0]["why"] == "key w2 is a worker key", recent
 keyless = [p for p in recent if not p["key"]]
 assert len(keyless) == len({p["why"] for p in keyless}) and sum(p["count"] for p in keyless) > len(keyless), keyless
@@ -435,13 +437,19 @@ peer carol "$CE" 1 "$status" >"$D/carol0.out"
 # (one client, a STATUS a call, 5 s each). libzmq never retries a
 # handshake the ZAP handler refused, and the socket keeps no pipe: its
 # second call blocked in a send for ever, and a key added later was never
-# tried again. Now each call says why, and a call on such a socket opens a
-# fresh one: the call after the reload is answered.
+# tried again. Now each call says why, and a call whose socket was refused
+# tries a fresh one (backoff: up to once a second) until its timeout: the
+# call waiting when the key is reloaded is answered. The second top is one
+# call of 60 s, waiting through the reload: before, it timed out.
 REEL_KEY="$K/carol.key" REEL_BROKER_KEY="$K/broker.pub" timeout -k 5 120 "$R" top --broker "$CE" --interval-ms 100 \
     >"$D/top.out" 2>&1 &
 top=$!; PIDS="$PIDS $top"
+REEL_KEY="$K/carol.key" REEL_BROKER_KEY="$K/broker.pub" timeout -k 5 120 "$R" top --broker "$CE" --count 1 \
+    --interval-ms 60000 >"$D/top1.out" 2>&1 &
+top1=$!; PIDS="$PIDS $top1"
 wait_count "$D/top.out" "timeout: .*the broker refused this client's key at the handshake \(ZAP status 400" 2 60 "$top"
 refused=$?
+gone "$top1" && { bad "the 60 s call ended before the reload"; show "$D/top1.out"; }
 cp "$D/later/carol.pub" "$K/"
 kill -HUP "$BROKER"
 wait_for "$D/broker.log" "SIGHUP: keys reloaded from .*: 5 keys" 60 || bad "reload"
@@ -452,6 +460,11 @@ grep -q "peer: 0 messages" "$D/carol0.out" && grep -q "^STATUS_REPLY" "$D/carol1
     ok "reelctl top with carol's key: each call refused (none blocks), then, once her key is reloaded, answered on a fresh socket" ||
     { bad "one C client refused, then admitted after the reload"; show "$D/top.out"; }
 stop_proc "$top"
+reap "$top1" 60
+rc1=$?
+[ "$rc1" = 0 ] && grep -qE "^queue [0-9]+/[0-9]+" "$D/top1.out" &&
+    ok "a call waiting (60 s) through the reload is answered once the key is added: its socket refused, it tried fresh ones" ||
+    { bad "the call waiting through the reload (exit $rc1)"; show "$D/top1.out"; }
 # carol keeps one connection; each HEARTBEAT on the client socket is
 # answered (unknown_type) while her key is allowed. The key is removed once
 # she has been heard (not after a moment: a busy machine may not have

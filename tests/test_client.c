@@ -14,9 +14,11 @@
  * And its sockets ("sockets"): the handshake watch runs only while a call
  * runs and reads its events as they come (an idle client whose
  * connection keeps failing, against a TCP port that hangs up every
- * connection, holds one socket and piles nothing up); a socket whose key
- * a ZAP handler refused is replaced at the next call, which the handler
- * then admits.
+ * connection, holds one socket and piles nothing up); a client made
+ * reaches no broker before its first call; a socket whose key a ZAP
+ * handler refused is replaced during the call (with backoff) and at the
+ * next one, and a call waiting when the handler starts to admit the key
+ * goes through.
  *
  * Assertions are on the messages the fake broker receives, never on time.
  * One thing time can do: on a loaded machine a reply of the fake broker
@@ -846,21 +848,22 @@ static void *zap_main(void *p) {
     return NULL;
 }
 
-/* The ZAP handler refuses a key for good: libzmq never tries that
- * connection again, and the socket keeps no pipe (its next call's send
- * blocked for ever), so a key added later (to the broker's allowlist, a
- * SIGHUP: docs/SECURITY.md) was never tried. A call on such a socket
- * opens a fresh one (same endpoint, same keys): refused again, it says
- * so within its timeout; admitted, it is answered. (cli_security.sh does
- * the same with reel-broker and reelctl top.) */
-START_TEST(test_a_client_refused_by_zap_is_admitted_at_its_next_call_once_its_key_is) {
+/* A fake broker with keys: a CURVE ROUTER at an ipc endpoint of dir, its
+ * ZAP handler (zap_main) refusing every key until z->admit, and the key
+ * files a client needs (dir/dave.key, dir/broker.pub). */
+typedef struct {
     char dir[64], ep[128];
-    ts_mkdtemp(dir, sizeof dir, "test-client-zap");
-    snprintf(ep, sizeof ep, "ipc://%s/b", dir);
+    zap_t *z;
+    void *router;
+} keyed_t;
+
+static void keyed_open(keyed_t *k) {
+    ts_mkdtemp(k->dir, sizeof k->dir, "test-client-zap");
+    snprintf(k->ep, sizeof k->ep, "ipc://%s/b", k->dir);
     reel_key_t bk, ck;
-    TS_OK(reel_key_new(dir, REEL_ROLE_BROKER, "broker", &bk));
-    TS_OK(reel_key_new(dir, REEL_ROLE_CLIENT, "dave", &ck));
-    zap_t *z = calloc(1, sizeof *z);
+    TS_OK(reel_key_new(k->dir, REEL_ROLE_BROKER, "broker", &bk));
+    TS_OK(reel_key_new(k->dir, REEL_ROLE_CLIENT, "dave", &ck));
+    zap_t *z = k->z = calloc(1, sizeof *z);
     ck_assert_ptr_nonnull(z);
     pthread_mutex_init(&z->mu, NULL);
     pthread_cond_init(&z->cv, NULL);
@@ -869,57 +872,179 @@ START_TEST(test_a_client_refused_by_zap_is_admitted_at_its_next_call_once_its_ke
     pthread_mutex_lock(&z->mu);
     while (!z->bound) pthread_cond_wait(&z->cv, &z->mu); /* (a failed bind fails below: no ZAP, no refusal) */
     pthread_mutex_unlock(&z->mu);
-    void *router = zmq_socket(z->ctx, ZMQ_ROUTER);
-    int one = 1, tmo = 5000;
-    ck_assert_int_eq(wire_socket_limits(router), 0);
-    zmq_setsockopt(router, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
-    ck_assert_int_eq(zmq_setsockopt(router, ZMQ_CURVE_SERVER, &one, sizeof one), 0);
-    ck_assert_int_eq(zmq_setsockopt(router, ZMQ_CURVE_SECRETKEY, bk.secret_key, 40), 0);
-    ck_assert_int_eq(zmq_bind(router, ep), 0);
+    k->router = zmq_socket(z->ctx, ZMQ_ROUTER);
+    int one = 1, tmo = 10000;
+    ck_assert_int_eq(wire_socket_limits(k->router), 0);
+    zmq_setsockopt(k->router, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    ck_assert_int_eq(zmq_setsockopt(k->router, ZMQ_CURVE_SERVER, &one, sizeof one), 0);
+    ck_assert_int_eq(zmq_setsockopt(k->router, ZMQ_CURVE_SECRETKEY, bk.secret_key, 40), 0);
+    ck_assert_int_eq(zmq_bind(k->router, k->ep), 0);
+    explicit_bzero(&bk, sizeof bk);
+    explicit_bzero(&ck, sizeof ck);
+}
 
-    bg_status_t b = { .timeout_ms = 1000 };
-    TS_NEW(b.c = reel_client_new_keys(ep, ts_join(dir, "dave.key"), ts_join(dir, "broker.pub")));
+/* The fake broker answers the next STATUS it receives; false when none
+ * came within the router's 10 s. */
+static bool keyed_answer_status(keyed_t *k) {
+    wire_msg_t m;
+    wire_err_t e;
+    if (msg_recv(k->router, true, 0, &m, &e) != 0) return false;
+    bool status = msg_type(&m) == MSG_STATUS;
+    msg_status_reply_t r;
+    memset(&r, 0, sizeof r);
+    if (status) ck_assert_int_eq(msg_send(k->router, &m.identity, MSG_STATUS_REPLY, m.id, &r, NULL), 0);
+    wire_msg_close(&m);
+    return status;
+}
+
+/* Until the ZAP handler was asked about n handshakes in all; false after
+ * 10 s without them. */
+static bool keyed_wait_asked(keyed_t *k, int n) {
+    for (int i = 0; i < 1000 && atomic_load(&k->z->asked) < n; i++)
+        nanosleep(&(struct timespec){ 0, 10 * 1000000L }, NULL);
+    return atomic_load(&k->z->asked) >= n;
+}
+
+static void keyed_close(keyed_t *k) {
+    zmq_close(k->router);
+    atomic_store(&k->z->stop, true);
+    pthread_join(k->z->th, NULL);
+    zmq_ctx_term(k->z->ctx);
+    pthread_cond_destroy(&k->z->cv);
+    pthread_mutex_destroy(&k->z->mu);
+    free(k->z);
+    ts_rmtree(k->dir);
+}
+
+/* The ZAP handler refuses a key for good: libzmq never tries that
+ * connection again, and the socket keeps no pipe (a call's send blocked
+ * for ever there). A call on such a socket opens a fresh one (same
+ * endpoint, same keys) after 100 ms, then after twice as long each time
+ * up to a second: refused until its timeout, it says the key was
+ * refused, having asked the broker a few times (not in a loop: about 5
+ * handshakes in 2 s, where a busy retry makes hundreds); the next call
+ * starts on a fresh socket too, and once the key is admitted it is
+ * answered. (cli_security.sh does the same with reel-broker and reelctl
+ * top.) */
+START_TEST(test_a_client_refused_by_zap_tries_fresh_sockets_with_backoff_and_says_why) {
+    keyed_t k;
+    keyed_open(&k);
+    bg_status_t b = { .timeout_ms = 2000 };
+    TS_NEW(b.c = reel_client_new_keys(k.ep, ts_join(k.dir, "dave.key"), ts_join(k.dir, "broker.pub")));
     const char *said = "the broker refused this client's key at the handshake (ZAP status 400";
-    reel_client_sockets_t k;
-    for (int call = 0; call < 2; call++) { /* the second: on a fresh socket, refused again */
-        int asked = atomic_load(&z->asked);
+    reel_client_sockets_t s;
+    uint64_t fresh = 0;
+    for (int call = 0; call < 2; call++) {
+        int asked = atomic_load(&k.z->asked);
         status_main(&b);
         ck_assert_int_eq(b.rc, -1);
         ck_assert_str_eq(b.err.code, WIRE_E_TIMEOUT);
         ck_assert_msg(strstr(b.err.message, said), "call %d: %s", call + 1, b.err.message);
-        reel_client_sockets(b.c, &k);
-        ck_assert_uint_eq(k.fresh, (uint64_t)call);
-        /* one handshake a socket: libzmq never retried the refused one (and
-         * the client's creation made none) */
-        ck_assert_int_eq(atomic_load(&z->asked), asked + 1);
+        int n = atomic_load(&k.z->asked) - asked;
+        ck_assert_msg(n >= 2 && n <= 8, "call %d: %d handshakes in 2 s (1 with no retry, hundreds in a loop)",
+                      call + 1, n);
+        reel_client_sockets(b.c, &s);
+        ck_assert_uint_ge(s.fresh, fresh + (uint64_t)n - 1); /* each handshake but the first: a fresh socket */
+        fresh = s.fresh;
+        ck_assert_int_eq(s.sockets, 1); /* the watch ended with the call */
     }
-    atomic_store(&z->admit, true); /* the key added and reloaded */
+    atomic_store(&k.z->admit, true); /* the key added and reloaded */
     b.timeout_ms = 30000;
     ck_assert_int_eq(pthread_create(&b.th, NULL, status_main, &b), 0);
-    wire_msg_t m;
-    wire_err_t e;
-    ck_assert_msg(msg_recv(router, true, 0, &m, &e) == 0, "the client's third call never reached the broker");
-    ck_assert_int_eq(msg_type(&m), MSG_STATUS);
-    msg_status_reply_t r;
-    memset(&r, 0, sizeof r);
-    ck_assert_int_eq(msg_send(router, &m.identity, MSG_STATUS_REPLY, m.id, &r, NULL), 0);
-    wire_msg_close(&m);
+    ck_assert_msg(keyed_answer_status(&k), "the client's third call never reached the broker");
     pthread_join(b.th, NULL);
     ck_assert_msg(b.rc == 0, "the call after the key was admitted: %s: %s", b.err.code, b.err.message);
-    reel_client_sockets(b.c, &k);
-    ck_assert_uint_eq(k.fresh, 2);
-    ck_assert_int_eq(k.sockets, 1); /* answered: no watch */
+    reel_client_sockets(b.c, &s);
+    ck_assert_uint_eq(s.fresh, fresh + 1); /* call_begin's, for the socket refused at the last call */
+    ck_assert_int_eq(s.sockets, 1); /* answered: no watch */
     reel_client_destroy(&b.c);
-    zmq_close(router);
-    atomic_store(&z->stop, true);
-    pthread_join(z->th, NULL);
-    zmq_ctx_term(z->ctx);
-    pthread_cond_destroy(&z->cv);
-    pthread_mutex_destroy(&z->mu);
-    free(z);
-    explicit_bzero(&bk, sizeof bk);
-    explicit_bzero(&ck, sizeof ck);
-    ts_rmtree(dir);
+    keyed_close(&k);
+}
+END_TEST
+
+/* A call already waiting when the key is admitted (an operator adds it and
+ * reloads the broker) goes through: its socket, refused, was never tried
+ * again during the call, and the call timed out with the key long
+ * admitted. The call below waits up to 30 s; the key is admitted once the
+ * broker has refused it twice (the call's second socket); the STATUS then
+ * reaches the broker within a second or so, on a fresh socket. */
+START_TEST(test_a_call_waiting_when_its_key_is_admitted_goes_through) {
+    keyed_t k;
+    keyed_open(&k);
+    bg_status_t b = { .timeout_ms = 30000 };
+    TS_NEW(b.c = reel_client_new_keys(k.ep, ts_join(k.dir, "dave.key"), ts_join(k.dir, "broker.pub")));
+    ck_assert_int_eq(pthread_create(&b.th, NULL, status_main, &b), 0);
+    bool twice = keyed_wait_asked(&k, 2);
+    atomic_store(&k.z->admit, true);
+    bool reached = keyed_answer_status(&k);
+    pthread_join(b.th, NULL);
+    ck_assert_msg(twice, "the waiting call tried no fresh socket after its key was refused (%d handshake)",
+                  atomic_load(&k.z->asked));
+    ck_assert_msg(reached, "the waiting call never reached the broker once its key was admitted");
+    ck_assert_msg(b.rc == 0, "the waiting call: %s: %s", b.err.code, b.err.message);
+    reel_client_sockets_t s;
+    reel_client_sockets(b.c, &s);
+    ck_assert_uint_ge(s.fresh, 2);
+    ck_assert_int_eq(s.sockets, 1);
+    reel_client_destroy(&b.c);
+    keyed_close(&k);
+}
+END_TEST
+
+/* A GEN waiting when its key is admitted reaches the broker too, and its
+ * answer ends the call (with a liveness of 200 ms: the STATUS pings and
+ * resends of call_live go on the fresh sockets as well). */
+typedef struct {
+    reel_client_t *c;
+    int rc;
+    wire_err_t err;
+    pthread_t th;
+} bg_gen_t;
+
+static void *gen_main(void *p) {
+    bg_gen_t *b = p;
+    reel_gen_t g;
+    tiny_gen(&g);
+    float out[4 * 2 * 8 * 8];
+    reel_gen_result_t res;
+    b->rc = reel_gen(b->c, &g, out, &res, NULL, NULL, 30000, &b->err);
+    return NULL;
+}
+
+START_TEST(test_a_gen_waiting_when_its_key_is_admitted_reaches_the_broker) {
+    keyed_t k;
+    keyed_open(&k);
+    bg_gen_t b = { 0 };
+    TS_NEW(b.c = reel_client_new_keys(k.ep, ts_join(k.dir, "dave.key"), ts_join(k.dir, "broker.pub")));
+    reel_client_set_liveness(b.c, 200);
+    ck_assert_int_eq(pthread_create(&b.th, NULL, gen_main, &b), 0);
+    bool twice = keyed_wait_asked(&k, 2);
+    atomic_store(&k.z->admit, true);
+    int gens = 0, statuses = 0;
+    for (int i = 0; i < 20 && !gens; i++) { /* STATUS pings answered; the GEN answered ERROR */
+        wire_msg_t m;
+        wire_err_t e;
+        if (msg_recv(k.router, true, 0, &m, &e) != 0) break;
+        if (msg_type(&m) == MSG_STATUS) {
+            msg_status_reply_t r;
+            memset(&r, 0, sizeof r);
+            r.boot = BOOT_A;
+            ck_assert_int_eq(msg_send(k.router, &m.identity, MSG_STATUS_REPLY, m.id, &r, NULL), 0);
+            statuses++;
+        } else if (msg_type(&m) == MSG_GEN) {
+            ck_assert_int_eq(msg_send_error(k.router, &m.identity, m.id, WIRE_E_BAD_REQUEST, "GEN: answered"), 0);
+            gens++;
+        }
+        wire_msg_close(&m);
+    }
+    pthread_join(b.th, NULL);
+    ck_assert_msg(twice, "the waiting GEN tried no fresh socket after its key was refused");
+    ck_assert_msg(gens == 1, "the GEN never reached the broker after the key was admitted (%d STATUS did)",
+                  statuses);
+    ck_assert_msg(b.rc == 1 && !strcmp(b.err.code, WIRE_E_BAD_REQUEST), "the GEN: %d %s: %s", b.rc, b.err.code,
+                  b.err.message);
+    reel_client_destroy(&b.c);
+    keyed_close(&k);
 }
 END_TEST
 
@@ -1429,6 +1554,102 @@ START_TEST(test_a_round_sends_every_request_in_flight_again_when_another_boot_an
 }
 END_TEST
 
+/* A round waiting when its key is admitted goes through as reel_gen does:
+ * its socket refused, every GEN in flight (sent on it and dropped there)
+ * goes again on a fresh one (with backoff), and the requests the window
+ * held back follow as answers come; the round completes, each request's
+ * RESULT in its item (a liveness of 200 ms: the STATUS pings go on the
+ * fresh sockets too). */
+typedef struct {
+    reel_client_t *c;
+    reel_gen_item_t items[3];
+    float outs[3][LAT_N];
+    size_t failed;
+    int rc;
+    wire_err_t err;
+    pthread_t th;
+} bg_round_t;
+
+static void *bg_round_main(void *p) {
+    bg_round_t *b = p;
+    for (size_t i = 0; i < 3; i++) {
+        tiny_gen(&b->items[i].g);
+        b->items[i].g.seed = 100 + i;
+        b->items[i].out = b->outs[i];
+    }
+    reel_gen_many_t o = { .window = 2, .timeout_ms = 30000 };
+    b->rc = reel_gen_many(b->c, b->items, 3, &o, &b->failed, &b->err);
+    return NULL;
+}
+
+START_TEST(test_a_round_waiting_when_its_key_is_admitted_sends_its_requests_in_flight_again_and_completes) {
+    keyed_t k;
+    keyed_open(&k);
+    bg_round_t *b = calloc(1, sizeof *b);
+    ck_assert_ptr_nonnull(b);
+    TS_NEW(b->c = reel_client_new_keys(k.ep, ts_join(k.dir, "dave.key"), ts_join(k.dir, "broker.pub")));
+    reel_client_set_liveness(b->c, 200);
+    ck_assert_int_eq(pthread_create(&b->th, NULL, bg_round_main, b), 0);
+    bool twice = keyed_wait_asked(&k, 2);
+    atomic_store(&k.z->admit, true);
+    uint64_t answered[3] = { 0 };
+    int n_answered = 0, statuses = 0;
+    for (int i = 0; i < 60 && n_answered < 3; i++) { /* STATUS pings answered; each GEN's first copy a RESULT */
+        wire_msg_t m;
+        wire_err_t e;
+        if (msg_recv(k.router, true, 0, &m, &e) != 0) break;
+        if (msg_type(&m) == MSG_STATUS) {
+            msg_status_reply_t r;
+            memset(&r, 0, sizeof r);
+            r.boot = BOOT_A;
+            ck_assert_int_eq(msg_send(k.router, &m.identity, MSG_STATUS_REPLY, m.id, &r, NULL), 0);
+            statuses++;
+        } else if (msg_type(&m) == MSG_GEN) {
+            bool seen = false;
+            for (int j = 0; j < n_answered; j++) seen |= answered[j] == m.id;
+            msg_gen_t *g = malloc(sizeof *g);
+            ck_assert_ptr_nonnull(g);
+            ck_assert_msg(msg_gen_decode(&m, g, &e) == 0, "%s", e.message);
+            if (!seen) {
+                float lat[LAT_N];
+                lat_of(g->seed, lat);
+                msg_result_t r;
+                memset(&r, 0, sizeof r);
+                r.version = 1;
+                r.boot = BOOT_A;
+                const int64_t ls[4] = { 4, 2, 8, 8 };
+                wire_tensor_t t = ts_wire_tensor("latent", KERN_F32, 4, ls, lat, sizeof lat);
+                r.latent = &t;
+                ck_assert_int_eq(msg_send(k.router, &m.identity, MSG_RESULT, m.id, &r, NULL), 0);
+                answered[n_answered++] = m.id;
+            }
+            free(g);
+        }
+        wire_msg_close(&m);
+    }
+    pthread_join(b->th, NULL);
+    ck_assert_msg(twice, "the waiting round tried no fresh socket after its key was refused");
+    ck_assert_msg(n_answered == 3, "%d of the round's 3 GENs reached the broker after the key was admitted "
+                  "(%d STATUS did)", n_answered, statuses);
+    ck_assert_msg(b->rc == 0, "reel_gen_many: %d %s: %s (requests[%zu])", b->rc, b->err.code, b->err.message,
+                  b->failed);
+    for (size_t i = 0; i < 3; i++) {
+        float want[LAT_N];
+        ck_assert_msg(b->items[i].rc == 0, "requests[%zu]: %s: %s", i, b->items[i].err.code,
+                      b->items[i].err.message);
+        lat_of(100 + i, want);
+        ck_assert_mem_eq(b->outs[i], want, sizeof want);
+    }
+    reel_client_sockets_t s;
+    reel_client_sockets(b->c, &s);
+    ck_assert_uint_ge(s.fresh, 2);
+    ck_assert_int_eq(s.sockets, 1);
+    reel_client_destroy(&b->c);
+    free(b);
+    keyed_close(&k);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("client");
     TCase *tc = tcase_create("delivery");
@@ -1448,7 +1669,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_a_client_made_reaches_no_broker_before_its_first_call);
     tcase_add_test(tc, test_an_idle_client_whose_handshakes_fail_holds_one_socket_piles_up_nothing_and_its_next_call_says_why);
     tcase_add_test(tc, test_a_call_reads_the_handshake_events_as_they_come);
-    tcase_add_test(tc, test_a_client_refused_by_zap_is_admitted_at_its_next_call_once_its_key_is);
+    tcase_add_test(tc, test_a_client_refused_by_zap_tries_fresh_sockets_with_backoff_and_says_why);
+    tcase_add_test(tc, test_a_call_waiting_when_its_key_is_admitted_goes_through);
+    tcase_add_test(tc, test_a_gen_waiting_when_its_key_is_admitted_reaches_the_broker);
     suite_add_tcase(s, tc);
     tc = tcase_create("round");
     tcase_set_timeout(tc, 120);
@@ -1461,6 +1684,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_an_interrupted_round_cancels_every_request_in_flight);
     tcase_add_test(tc, test_a_round_with_a_request_that_cannot_be_built_sends_nothing);
     tcase_add_test(tc, test_a_round_sends_every_request_in_flight_again_when_another_boot_answers);
+    tcase_add_test(tc, test_a_round_waiting_when_its_key_is_admitted_sends_its_requests_in_flight_again_and_completes);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -30,7 +30,10 @@ struct reel_client {
     bool hs_inherited;          /* the verdict is an earlier socket's (same endpoint): sock's first word replaces it */
     uint64_t hs_events;         /* handshake events read, over the client's life (none is kept) */
     int hs_most;                /* ... the most at one read */
-    uint64_t reopens;           /* fresh sockets cli_call_begin opened for a dead one */
+    uint64_t reopens;           /* fresh sockets opened for a dead one (cli_call_begin, refresh_refused) */
+    int64_t retry_at;           /* when a call replaces its socket refused for good (0: not due) */
+    int retry_ms;               /* ... the wait before the next such socket (backoff, per call) */
+    bool refreshed;             /* the call's socket was replaced so: what it awaits goes again */
     char hint[320];             /* what a timeout adds: why the broker never let this client in */
     char eps[MAX_BROKERS][256]; /* the endpoint list: a broker, or a standby pair */
     int n_eps, at;              /* ... and the one sock is connected to */
@@ -48,6 +51,17 @@ struct reel_client {
 };
 
 #define LIVENESS_DEFAULT_MS 3000
+/* A call whose socket the broker refused for good tries a fresh one
+ * after 100 ms, then after twice as long each time, up to once a second:
+ * an operator who adds the key (and reloads the broker) sees the waiting
+ * call go through within a second, and a refused client costs the broker
+ * one handshake a second at most. */
+#define RETRY_MIN_MS 100
+#define RETRY_MAX_MS 1000
+/* await_want's answer when the call's socket was replaced by a fresh one
+ * (its handshake refused for good): nothing reached a broker on the old
+ * one, and the caller sends again what it awaits. */
+#define AWAIT_REFRESHED (-2)
 
 void reel_client_interrupt(reel_client_t *c) {
     if (c) atomic_store_explicit(&c->interrupted, 1, memory_order_relaxed);
@@ -281,6 +295,9 @@ static int sync_ended(reel_client_t *c, int rc) {
  * that cannot be replaced stays: the call then times out, saying why). */
 int cli_call_begin(reel_client_t *c, wire_err_t *err) {
     c->in_call = true;
+    c->retry_at = 0;
+    c->retry_ms = RETRY_MIN_MS;
+    c->refreshed = false;
     if (!c->sock || c->unsendable || hs_final(c->hs_kind)) {
         bool again = c->sock != NULL;
         if (replace_socket(c, c->at) != 0) {
@@ -400,11 +417,44 @@ void cli_set_err(wire_err_t *err, const char *code, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* While a call waits: when the broker refused the handshake of the call's
+ * socket for good (hs_final, this socket's own verdict: libzmq never tries
+ * it again, and what was sent on it is dropped), a fresh socket (same
+ * endpoint, same keys) once the backoff has passed (RETRY_MIN_MS doubling
+ * to RETRY_MAX_MS), so that a key the broker admits meanwhile (added and
+ * reloaded) lets the waiting call through. The fresh socket inherits the
+ * verdict (a timeout still says the key was refused) until its own
+ * handshake ends. true, with c->refreshed set, when it replaced the
+ * socket; false otherwise (one that cannot be made is tried again after
+ * the backoff). */
+static bool refresh_refused(reel_client_t *c) {
+    if (!c->in_call || c->answered || !hs_final(c->hs_kind) || c->hs_inherited) {
+        c->retry_at = 0;
+        return false;
+    }
+    int64_t now = cli_now_ms();
+    if (!c->retry_at) c->retry_at = now + c->retry_ms; /* the refusal just seen: the backoff starts */
+    if (now < c->retry_at) return false;
+    c->retry_ms = c->retry_ms * 2 < RETRY_MAX_MS ? c->retry_ms * 2 : RETRY_MAX_MS;
+    c->retry_at = 0;
+    if (replace_socket(c, c->at) != 0) {
+        c->retry_at = now + c->retry_ms;
+        return false;
+    }
+    c->reopens++;
+    c->boot = 0;
+    c->refreshed = true;
+    return true;
+}
+
 /* Sends a message on c->sock (share: as msg_send's) by the deadline,
  * reading the watch's events while it waits for room: the socket never
  * blocks (SNDTIMEO 0), since a DEALER whose connection libzmq ended for
  * good (its handshake refused) has no pipe, and a blocking send waited
- * for ever there, past every timeout and interrupt. A deadline already
+ * for ever there, past every timeout and interrupt. A socket the broker
+ * refused for good while it waits is replaced (refresh_refused) and the
+ * message goes on the fresh one (c->refreshed tells the caller's next
+ * await that what went on the old one is lost). A deadline already
  * past: one try. 0; -1 with err: "timeout" (the socket is then replaced
  * at the next call: cli_call_begin), "interrupted", or "internal". */
 static int send_msg(reel_client_t *c, msg_type_t type, uint64_t id, const void *body, const wire_msg_t *share,
@@ -435,6 +485,7 @@ static int send_msg(reel_client_t *c, msg_type_t type, uint64_t id, const void *
             }
             if (rc > 0 && c->mon && (it[1].revents & ZMQ_POLLIN)) read_handshakes(c);
             if (rc > 0 && (it[0].revents & ZMQ_POLLOUT)) break;
+            if (refresh_refused(c)) break; /* no pipe ever again on the old one: the fresh one's */
         }
     }
 }
@@ -460,7 +511,10 @@ static bool wanted(const want_t *w, uint64_t id) {
  * (late answers to earlier calls) and malformed ones; each PROGRESS of
  * those ids goes to fn (NULL: dropped). 0 with *m filled (m->id says
  * which), -1 with err: "timeout" at the deadline, "interrupted",
- * "internal". */
+ * "internal"; or AWAIT_REFRESHED when the call's socket was refused for
+ * good and replaced (here or by a send since the last wait:
+ * refresh_refused): the caller sends again what it awaits, on the fresh
+ * socket, by its own deadline. */
 static int await_want(reel_client_t *c, const want_t *w, int64_t deadline, wire_msg_t *m, cli_progress_fn fn,
                       void *user, wire_err_t *err) {
     read_handshakes(c);
@@ -473,6 +527,11 @@ static int await_want(reel_client_t *c, const want_t *w, int64_t deadline, wire_
         if (left <= 0) {
             cli_set_err(err, WIRE_E_TIMEOUT, "no answer from the broker in time%s", cli_handshake_hint(c));
             return -1;
+        }
+        if (refresh_refused(c) || c->refreshed) {
+            c->refreshed = false;
+            cli_set_err(err, WIRE_E_TIMEOUT, "the broker refused this client's socket: sent again on a fresh one");
+            return AWAIT_REFRESHED;
         }
         /* a signal between the check above and the poll is seen within
          * 100 ms: the wait is cut into such slices; the watch's events
@@ -520,7 +579,8 @@ static void one_progress(void *user, uint64_t id, int done, int total) {
 }
 
 /* Waits for the message answering `id` (or id2, id3: 0 = none; m->id
- * says which), as await_want; PROGRESS is passed to fn. */
+ * says which), as await_want (AWAIT_REFRESHED included); PROGRESS is
+ * passed to fn. */
 static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int64_t deadline, wire_msg_t *m,
                   reel_progress_fn fn, void *user, wire_err_t *err) {
     const want_t w = { { id, id2, id3 }, NULL, 0 };
@@ -528,7 +588,7 @@ static int await3(reel_client_t *c, uint64_t id, uint64_t id2, uint64_t id3, int
     return await_want(c, &w, deadline, m, fn ? one_progress : NULL, &p, err);
 }
 
-/* The answer to id, as await3. */
+/* The answer to id, as await3 (AWAIT_REFRESHED included). */
 static int await(reel_client_t *c, uint64_t id, int64_t deadline, wire_msg_t *m, reel_progress_fn fn, void *user,
                  wire_err_t *err) {
     return await3(c, id, 0, 0, deadline, m, fn, user, err);
@@ -558,12 +618,19 @@ int cli_answer_is_error(wire_msg_t *m, wire_err_t *err) {
 
 /* Sends a message of `type` (id, body) and waits for the answer to it: 0
  * with *m holding it, 1 when the broker answered ERROR or BUSY (err set),
- * -1 on transport failure or timeout (err set). */
+ * -1 on transport failure or timeout (err set). A socket refused for good
+ * meanwhile is replaced, and the message goes again on the fresh one (it
+ * reached no broker: not a resend). */
 static int call(reel_client_t *c, msg_type_t type, uint64_t id, const void *body, int timeout_ms,
                 reel_progress_fn fn, void *user, wire_msg_t *m, wire_err_t *err) {
     int64_t deadline = cli_now_ms() + timeout_ms;
-    if (send_msg(c, type, id, body, NULL, deadline, err) != 0 || await(c, id, deadline, m, fn, user, err) != 0)
-        return -1;
+    for (;;) {
+        if (send_msg(c, type, id, body, NULL, deadline, err) != 0) return -1;
+        int rc = await(c, id, deadline, m, fn, user, err);
+        if (rc == AWAIT_REFRESHED) continue;
+        if (rc != 0) return -1;
+        break;
+    }
     if (cli_answer_is_error(m, err)) {
         wire_msg_close(m);
         return 1;
@@ -635,6 +702,27 @@ static int resend_all(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *ms
     return 0;
 }
 
+/* After the call's socket was refused for good and replaced
+ * (AWAIT_REFRESHED): nothing sent on the old one reached a broker, and the
+ * wait begins again on the fresh one: with a liveness a STATUS first (no
+ * boot id is known there: its answer names the broker), then every
+ * message of msgs. Not resends (neither counted nor told to the hook).
+ * 0, or -1 with err as send_msg. */
+static int live_refreshed(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, int n, int64_t deadline,
+                          wire_err_t *err) {
+    st->boot = c->boot;
+    st->asked = st->first = st->resent = false;
+    st->ping = 0;
+    if (c->liveness_ms) {
+        st->ping = ++c->next_id;
+        if (send_msg(c, MSG_STATUS, st->ping, NULL, NULL, deadline, err) != 0) return -1;
+        st->asked = st->first = true;
+    }
+    for (int i = 0; i < n; i++)
+        if (send_msg(c, msgs[i].type, msgs[i].id, msgs[i].body, NULL, deadline, err) != 0) return -1;
+    return 0;
+}
+
 /* The messages are sent so that a lost broker does not lose them: a
  * STATUS went just before them (cli_live_begin: the broker that answers it
  * is the one they reached, its boot id); after every liveness_ms of
@@ -643,14 +731,21 @@ static int resend_all(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *ms
  * idempotent: docs/PROTOCOL.md "Weight syncs") when that STATUS is not
  * answered within liveness_ms (the broker is gone or stuck), or is
  * answered by another broker (a new boot id: a restart lost them), or
- * when no boot id was learnt. */
+ * when no boot id was learnt. A socket the broker refused for good is
+ * replaced meanwhile (with backoff: refresh_refused) and they go again on
+ * the fresh one (live_refreshed). */
 int cli_live_next(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, int n, int64_t deadline,
                   wire_msg_t *m, cli_progress_fn fn, void *user, wire_err_t *err) {
     if (!c->liveness_ms) {
         /* no resends on silence; a standby's answer still moves a pair's client on */
         const want_t w = { { 0 }, msgs, n };
         for (;;) {
-            if (await_want(c, &w, deadline, m, fn, user, err) != 0) return -1;
+            int rc = await_want(c, &w, deadline, m, fn, user, err);
+            if (rc == AWAIT_REFRESHED) {
+                if (live_refreshed(c, st, msgs, n, deadline, err) != 0) return -1;
+                continue;
+            }
+            if (rc != 0) return -1;
             if (c->n_eps < 2 || cli_now_ms() >= deadline || !is_standby(m)) return 0;
             wire_msg_close(m);
             if (++st->standbys % c->n_eps == 0) standby_pause(deadline);
@@ -665,7 +760,12 @@ int cli_live_next(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, 
         int silent = 0; /* why they are sent again: ms without an answer, 0: another broker answered, -1: a standby */
         int64_t until = cli_now_ms() + c->liveness_ms;
         const want_t w = { { st->ping }, msgs, n };
-        if (await_want(c, &w, until < deadline ? until : deadline, m, fn, user, err) == 0) {
+        int rc = await_want(c, &w, until < deadline ? until : deadline, m, fn, user, err);
+        if (rc == AWAIT_REFRESHED) {
+            if (live_refreshed(c, st, msgs, n, deadline, err) != 0) return -1;
+            continue;
+        }
+        if (rc == 0) {
             if (m->id != st->ping && c->n_eps > 1 && is_standby(m)) {
                 /* The standby of a pair: the other broker serves. After
                  * a round of standbys (a pair still choosing), a pause. */
@@ -1121,6 +1221,15 @@ static int upload_fill(reel_client_t *c, upload_t *p, int timeout_ms, wire_err_t
     return 0;
 }
 
+/* After the call's socket was refused for good and replaced
+ * (AWAIT_REFRESHED): the chunks in flight reached no broker, and the
+ * upload goes on from the last byte the broker acknowledged. */
+static void upload_restart(upload_t *p) {
+    p->next = p->received;
+    p->n_ends = 0;
+    p->ignore = 0;
+}
+
 /* The broker's answer a to p->id (closed here): 0 going on (p->complete
  * once the broker holds it all), 1 on ERROR or BUSY, -1 malformed (err). */
 static int upload_answer(upload_t *p, wire_msg_t *a, wire_err_t *err) {
@@ -1171,10 +1280,24 @@ int reel_upload(reel_client_t *c, const char *component, uint64_t version, const
         return -1;
     }
     int rc = 0;
+    int64_t answer_by = cli_now_ms() + timeout_ms; /* timeout_ms per answer awaited */
     while (rc == 0 && !p.complete) {
         wire_msg_t a;
-        if (upload_fill(c, &p, timeout_ms, err) != 0 || await(c, p.id, cli_now_ms() + timeout_ms, &a, NULL, NULL, err) != 0) rc = -1;
-        else rc = upload_answer(&p, &a, err);
+        if (upload_fill(c, &p, timeout_ms, err) != 0) {
+            rc = -1;
+            break;
+        }
+        int r = await(c, p.id, answer_by, &a, NULL, NULL, err);
+        if (r == AWAIT_REFRESHED) {
+            upload_restart(&p);
+            continue;
+        }
+        if (r != 0) {
+            rc = -1;
+            break;
+        }
+        answer_by = cli_now_ms() + timeout_ms;
+        rc = upload_answer(&p, &a, err);
     }
     upload_close(&p);
     rc = sync_ended(c, rc);
@@ -1317,8 +1440,23 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
         int64_t first_by = c->n_eps > 1 && c->liveness_ms ? st->began + c->liveness_ms : answer_by;
         int64_t until = ping ? (first ? first_by : ping_by) : c->liveness_ms ? cli_now_ms() + c->liveness_ms : answer_by;
         if (until > answer_by) until = answer_by;
-        if (await3(c, p.complete ? sid : p.id, p.complete || *synced ? 0 : sid, ping, until, &a, NULL, NULL,
-                   err) != 0) {
+        int r = await3(c, p.complete ? sid : p.id, p.complete || *synced ? 0 : sid, ping, until, &a, NULL, NULL, err);
+        if (r == AWAIT_REFRESHED) {
+            /* the socket was refused for good and replaced: what went on it
+             * reached no broker; the attempt begins again on the fresh one
+             * (a STATUS first when asked for one: no boot id known there) */
+            upload_restart(&p);
+            if (sid && !*synced) sid = 0; /* the SYNC goes again once the broker holds bytes */
+            ping = c->liveness_ms ? ++c->next_id : 0;
+            first = ping != 0;
+            st->began = cli_now_ms();
+            if (ping && send_msg(c, MSG_STATUS, ping, NULL, NULL, answer_by, err) != 0) {
+                rc = -1;
+                break;
+            }
+            continue;
+        }
+        if (r != 0) {
             if (strcmp(err->code, WIRE_E_TIMEOUT) || cli_now_ms() >= answer_by) {
                 rc = -1;
                 break;

@@ -36,12 +36,17 @@ typedef struct reel_client reel_client_t;
  * events are read as they come and only that verdict is kept: a client
  * idle between calls holds one socket and piles nothing up, however often
  * its connection fails meanwhile. A socket that is dead for good is
- * replaced at the next call by a fresh one (same endpoint, same keys):
- * one whose handshake the broker refused in a way libzmq never retries
- * (a key not in its allowlist, a mechanism mismatch), so a key added
- * later (and the broker reloaded, docs/SECURITY.md) is admitted at the
- * client's next call; and one on which a message could not be sent
- * before its call's deadline (no connection will take it). */
+ * replaced by a fresh one (same endpoint, same keys): one whose handshake
+ * the broker refused in a way libzmq never retries (a key not in its
+ * allowlist, a mechanism mismatch), during the call that saw it refused
+ * (after 100 ms, then twice as long each time up to once a second, until
+ * the call's deadline: what the call sent goes again on the fresh one)
+ * and at the next call, so a key added later (and the broker reloaded,
+ * docs/SECURITY.md) lets a call already waiting through, and is admitted
+ * at the client's next call; and one on which a message could not be
+ * sent before its call's deadline (no connection will take it), at the
+ * next call. A call that times out refused still says the key was
+ * refused. reel_client_sockets's `fresh` counts them all. */
 reel_client_t *reel_client_new_keys(const char *endpoint, const char *key_file, const char *broker_key);
 /* reel_client_new_keys(endpoint, NULL, NULL): keys from the environment. */
 reel_client_t *reel_client_new(const char *endpoint);
@@ -84,7 +89,8 @@ typedef struct {
                                  * watches the handshakes of a socket the broker has not answered on yet */
     uint64_t hs_events;         /* handshake events read, over c's lifetime (each folded into the verdict) */
     int hs_read_most;           /* the most of them read at once: they are read as they come, not piled up */
-    uint64_t fresh;             /* sockets opened in place of a dead one (above), over c's lifetime */
+    uint64_t fresh;             /* sockets opened in place of a dead one (above), during calls or at their
+                                 * start, over c's lifetime */
 } reel_client_sockets_t;
 void reel_client_sockets(const reel_client_t *c, reel_client_sockets_t *out);
 /* GENs this client sent again (above), over its lifetime. */

@@ -64,6 +64,9 @@ typedef struct {
  * "timeout" (could not be sent by deadline), "interrupted", "internal". */
 int cli_live_begin(reel_client_t *c, cli_live_t *st, int64_t deadline, wire_err_t *err);
 /* Sends one message of a live wait by deadline (the socket never blocks).
+ * A socket the broker refused for good while the send waits is replaced
+ * (client.h, reel_client_new_keys) and the message goes on the fresh one;
+ * the next cli_live_next sends again every message sent on the old one.
  * 0, or -1 with err as cli_live_begin. */
 int cli_live_send(reel_client_t *c, const cli_live_msg_t *m, int64_t deadline, wire_err_t *err);
 /* The next answer to one of msgs[0..n) (n >= 1; all sent), in *m (m->id
@@ -74,7 +77,11 @@ int cli_live_send(reel_client_t *c, const cli_live_msg_t *m, int64_t deadline, w
  * message of msgs is sent again; with a standby pair, an ERROR standby to
  * one of them or that silence moves c to the other broker, where every one
  * goes again (client.h, reel_client_set_liveness). Each message sent again
- * counts in reel_client_resends and goes to the on_resend hook. -1 with
+ * counts in reel_client_resends and goes to the on_resend hook. A socket
+ * the broker refused for good (its handshake: a key not admitted) is
+ * replaced with backoff while the wait runs, and every message of msgs
+ * goes again on the fresh one, a STATUS first with a liveness (not
+ * resends: nothing reached a broker); deadline is unchanged. -1 with
  * err: "timeout" at deadline (nothing answered in time: the messages are
  * still out), "interrupted", "internal" (a send or a move that failed). */
 int cli_live_next(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, int n, int64_t deadline,

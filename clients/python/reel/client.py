@@ -56,6 +56,11 @@ _FLT_MAX = float(np.finfo(np.float32).max)
 STANDBY_PAUSE = 0.2  # seconds, after a round of "standby" answers (a pair still choosing)
 _DTYPE_SIZE = {"F32": 4, "BF16": 2, "F16": 2}
 _MAX_MS = (1 << 31) - 1  # the longest a zmq timeout may be, in ms
+# A call whose socket the broker refused for good tries a fresh one after
+# 0.1 s, then after twice as long each time, up to once a second: a key
+# added (and the broker reloaded) lets the waiting call through within a
+# second, and a refused client costs the broker a handshake a second.
+_RETRY_MIN, _RETRY_MAX = 0.1, 1.0
 
 
 
@@ -93,6 +98,13 @@ class BusyError(ReelError):
 
     def __init__(self, message, request_id=0):
         super().__init__("busy", message, request_id)
+
+
+class _Refreshed(Exception):
+    """Raised inside a call when its socket, refused for good by the
+    broker's handshake, was replaced by a fresh one (Client._refresh): what
+    went on the old one reached no broker, and the call sends again what
+    it waits for. Never leaves the Client."""
 
 
 class _BrokerLost(Exception):
@@ -750,7 +762,12 @@ class Client:
     allowlist, CURVE on one side only), or on which a send waited out its
     call's timeout, is replaced at the next call by a fresh one (the same
     endpoint and keys): a key the broker admits later (its allowlist
-    reloaded) is admitted at this client's next call.
+    reloaded) is admitted at this client's next call. One refused so while
+    a call waits is replaced during the call too (after 0.1 s, then twice
+    as long each time up to once a second, until the call's timeout; what
+    the call sent goes again on it): a call already waiting when the key
+    is added and the broker reloaded goes through. A call that times out
+    so still says the key was refused.
 
     liveness: seconds of silence while a GEN waits before the client asks
     the broker for STATUS; when that goes unanswered as long, the broker is
@@ -836,7 +853,10 @@ class Client:
         self._hs_inherited = False  # self._hs is the socket's it replaced: its own first event replaces it
         self._hs_events = 0  # handshake events read, over this client's life (they are not kept)
         self._unsendable = False  # a send on this socket waited out its deadline (no pipe: _ready)
-        self._fresh = 0  # sockets _ready opened in place of a dead one, over this client's life
+        self._fresh = 0  # sockets opened in place of a dead one (_ready, _refresh), over this client's life
+        self._retry_at = None  # when the call replaces its socket refused for good (_refresh; None: not due)
+        self._retry_s = _RETRY_MIN  # ... the wait before the next such socket (backoff, per call)
+        self._refreshed = False  # the call's socket was replaced so: what it awaits goes again (_recv_any)
         self._closed = False
         self._depth = 0  # public calls running (a sync's sync_lora runs inside its sync)
         self._fresh_identity()
@@ -869,8 +889,9 @@ class Client:
             self._fin.detach()
         self._held = self._fin = None
         self._ctx = None
-        self._answered = self._unsendable = self._hs_inherited = False
+        self._answered = self._unsendable = self._hs_inherited = self._refreshed = False
         self._hs = None
+        self._retry_at = None
         self._busy = threading.RLock()
         self._in_progress = False
         self._depth = 0
@@ -984,7 +1005,9 @@ class Client:
         admit then may be admitted since, by a reload), or one on which a
         send waited out its deadline (no pipe: its connection ended so,
         whatever the watch saw or missed; or a queue of what no broker
-        took, dropped with it)."""
+        took, dropped with it). During the call, a socket refused so is
+        replaced again (_refresh)."""
+        self._retry_at, self._retry_s, self._refreshed = None, _RETRY_MIN, False
         if self._held is None:
             self._open()
         elif self._unsendable or (self._hs is not None and self._hs[0] in self._DEAD):
@@ -1000,6 +1023,35 @@ class Client:
             self._read_handshakes()
             if self._held is not None:
                 self._held.unwatch()
+
+    def _refresh(self):
+        """While a call waits: when the broker refused the handshake of the
+        call's socket for good (_DEAD, this socket's own verdict: libzmq
+        never tries it again, and what was sent on it is dropped), a fresh
+        socket (same endpoint, same keys) once the backoff has passed
+        (_RETRY_MIN doubling to _RETRY_MAX), so that a key the broker admits
+        meanwhile (added and reloaded) lets the waiting call through. The
+        fresh socket inherits the verdict (a timeout still says the key was
+        refused) until its own handshake ends. True, with self._refreshed
+        set, when it replaced the socket; False otherwise (one that cannot
+        be made is tried again after the backoff)."""
+        if self._answered or self._hs is None or self._hs[0] not in self._DEAD or self._hs_inherited:
+            self._retry_at = None
+            return False
+        now = time.monotonic()
+        if self._retry_at is None:  # the refusal just seen: the backoff starts
+            self._retry_at = now + self._retry_s
+        if now < self._retry_at:
+            return False
+        self._retry_s, self._retry_at = min(2 * self._retry_s, _RETRY_MAX), None
+        try:
+            self._replace()
+        except (OSError, zmq.ZMQError):  # no socket to be had now (EMFILE): the old one stays until the next try
+            self._retry_at = now + self._retry_s
+            return False
+        self._fresh += 1
+        self._refreshed = True
+        return True
 
     def _read_handshakes(self):
         """Reads the socket's handshake events so far into self._hs, the
@@ -1143,12 +1195,18 @@ class Client:
 
     def _wait(self, flags, by):
         """Waits until the socket is ready for flags (zmq.POLLIN or
-        zmq.POLLOUT), or the monotonic deadline by: True when it is. While a
-        watch runs, its events are read as they come (a call that waits
-        long keeps no backlog of them either)."""
+        zmq.POLLOUT), or the monotonic deadline by: True when it is; False
+        at by, or earlier when the socket was replaced by a fresh one
+        (_refresh: its handshake refused for good; the caller sends on the
+        fresh one). While a watch runs, its events are read as they come
+        (a call that waits long keeps no backlog of them either)."""
         while True:
+            if self._refresh():
+                return False
             left = by - time.monotonic()
             ms = min(int(left * 1000) + 1, _MAX_MS) if left > 0 else 0
+            if self._retry_at is not None:  # a fresh socket is due before then
+                ms = min(ms, max(0, int((self._retry_at - time.monotonic()) * 1000) + 1))
             held = self._held
             if held.mon is None:
                 return bool(held.sock.poll(ms, flags))
@@ -1159,6 +1217,8 @@ class Client:
             if held.sock in ready:
                 return True
             if held.mon not in ready:
+                if self._retry_at is not None and time.monotonic() < by:
+                    continue  # the poll was cut short for the fresh socket due
                 return False
             self._read_handshakes()
 
@@ -1225,7 +1285,12 @@ class Client:
         one of them, or that silence, moves the client to the next broker
         of the list (a new socket): a STATUS there first (its boot id), then
         every GEN still waited for again; after a round of standby answers
-        a pause of 200 ms. With one endpoint, ERROR standby is raised."""
+        a pause of 200 ms. With one endpoint, ERROR standby is raised.
+
+        A socket the broker refused for good, replaced by a fresh one
+        (_refresh), reached no broker: every GEN still waited for goes
+        again on the fresh one (a STATUS first: no boot id known there),
+        which is no resend (.resends does not count it)."""
         while True:
             move = False
             try:
@@ -1247,6 +1312,13 @@ class Client:
                     st["boot"] = self._boot = now_boot
                     continue
                 st["boot"] = self._boot = now_boot  # another broker: a restart lost them
+            except _Refreshed:
+                if self.liveness:
+                    st.update(ping=next(self._ids), asked=True, first=True, boot=None, resent=False)
+                    self._send("STATUS", st["ping"], {}, by=deadline)
+                for rid in rids:
+                    st["send"](rid, *sent[rid], deadline)
+                continue
             except ReelTimeout:
                 if not self.liveness or time.monotonic() >= deadline:
                     raise
@@ -1334,10 +1406,15 @@ class Client:
     def _recv_any(self, rids, deadline, on_progress=None):
         """The next final reply to any of rids: (rid, header, {name: array});
         replies to other ids are late ones of earlier calls, dropped. Raises
-        ReelError, BusyError (carrying the rid) or ReelTimeout."""
+        ReelError, BusyError (carrying the rid) or ReelTimeout; _Refreshed
+        when the call's socket was replaced by a fresh one (_refresh, here
+        or in a send since the last wait), for the caller to send again."""
         rid = min(rids) if rids else 0
         while True:
             left = deadline - time.monotonic()
+            if left > 0 and self._refreshed:  # a fresh socket (_refresh): what rids answer goes again on it
+                self._refreshed = False
+                raise _Refreshed()
             if left <= 0 or not self._wait(zmq.POLLIN, deadline):
                 if time.monotonic() >= deadline:
                     raise ReelTimeout(f"no reply from {self.endpoint} in time" + self._handshake_hint(), rid)
@@ -1869,12 +1946,17 @@ class Client:
         return best
 
     def _status_once(self, wait):
-        """One STATUS to the broker the socket is connected to."""
+        """One STATUS to the broker the socket is connected to (again on a
+        fresh socket in place of one the broker refused: _refresh)."""
         rid = next(self._ids)
         by = time.monotonic() + wait
-        self._send("STATUS", rid, {}, by=by)
-        hdr, _ = self._recv(rid, by)
-        return hdr
+        while True:
+            self._send("STATUS", rid, {}, by=by)
+            try:
+                hdr, _ = self._recv(rid, by)
+                return hdr
+            except _Refreshed:
+                continue
 
     @_call
     def upload(self, version, path, *, component="transformer", sha256=None, timeout=None, window=4):
@@ -1965,6 +2047,7 @@ class Client:
         sid = None
         chunk = 4 << 20
         ends, nxt, ignore, complete = [], 0, 0, False
+        received = 0  # where the broker's copy ends, as its last UPLOAD_ACK said
         ping, first, ping_by = None, False, 0.0
         answer_by = time.monotonic() + wait
         if self.liveness and not self._boot:  # learn which broker this attempt talks to
@@ -2000,6 +2083,17 @@ class Client:
                             ping_by if ping else time.monotonic() + self.liveness)
             try:
                 got, hdr, _ = self._recv_any(pending | ({ping} if ping else set()), until)
+            except _Refreshed:
+                # the socket was refused for good and replaced: what went on
+                # it reached no broker; the attempt begins again on the fresh
+                # one (a STATUS first when liveness asks: no boot id known there)
+                nxt, ends, ignore = received, [], 0
+                if done is None:
+                    sid = None  # the SYNC goes again once the broker holds bytes
+                if self.liveness:
+                    ping, first, ping_by = next(self._ids), True, time.monotonic() + self.liveness
+                    self._send("STATUS", ping, {}, by=answer_by)
+                continue
             except ReelTimeout:
                 if time.monotonic() >= answer_by:
                     raise
@@ -2035,6 +2129,7 @@ class Client:
                 continue
             if hdr.get("type") != "UPLOAD_ACK":
                 raise ReelError("malformed", f"expected UPLOAD_ACK, got {hdr.get('type')}", rid)
+            received = hdr.get("received", received) if isinstance(hdr.get("received"), int) else received
             if hdr.get("complete"):
                 complete = True
             elif ignore:

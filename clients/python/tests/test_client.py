@@ -2341,18 +2341,24 @@ class CurveTests(unittest.TestCase):
         # libzmq never retries a handshake the broker's ZAP handler refused:
         # the socket stayed dead, and every later call of the client timed
         # out, even once its key was added and the broker reloaded (SIGHUP).
-        # A call on such a socket now opens a fresh one (same keys).
+        # A call on such a socket now opens a fresh one (same keys), and so
+        # does a call whose socket is refused while it waits (0.1 s, then
+        # twice as long each time up to 1 s: a few handshakes in 2 s, not a
+        # loop); its timeout still says the key was refused.
         later = os.path.join(self.dir, "later")
         run(f"{BUILD}/reelctl", "keys", "new", "--role", "client", "--name", "late", "--out", later)
         said = "the broker refused this client's key at the handshake (ZAP status 400"
         blog = os.path.join(self.dir, "broker.log")
         with reel.Client(self.cluster.ce, timeout=2, key=os.path.join(later, "late.key"),
                          broker_key=os.path.join(self.keys, "broker.pub")) as c:
-            for fresh in (0, 1):  # the second call on a fresh socket, refused again
+            fresh = 0
+            for _ in range(2):  # the second call on a fresh socket, refused again
                 with self.assertRaises(reel.ReelTimeout) as e:
                     c.status()
                 self.assertIn(said, str(e.exception))
-                self.assertEqual(c._fresh, fresh)
+                self.assertGreaterEqual(c._fresh, fresh + 1)  # tried again during the call
+                self.assertLessEqual(c._fresh, fresh + 8)  # with backoff
+                fresh = c._fresh
             with open(blog, errors="replace") as f:
                 reloads = sum(1 for ln in f if "SIGHUP: keys reloaded" in ln)
             shutil.copy(os.path.join(later, "late.pub"), self.keys)
@@ -2360,7 +2366,52 @@ class CurveTests(unittest.TestCase):
             self.assertTrue(wait_log(blog, r"SIGHUP: keys reloaded from .*: 4 keys", 60, self.cluster.broker,
                                      count=reloads + 1), "the broker did not reload its keys")
             self.assertIn("py0", [w.get("name") for w in c.status(timeout=30).get("workers", [])])
-            self.assertEqual(c._fresh, 2)
+            self.assertEqual(c._fresh, fresh + 1)  # the call's first socket: a fresh one
+
+    def test_a_key_reloaded_while_a_call_waits_lets_that_call_through(self):
+        # A call whose socket the broker refused never tried again during
+        # the call: its key added and the broker reloaded meanwhile, the
+        # call still timed out (only the next call was admitted). It now
+        # tries a fresh socket (0.1 s, doubling to 1 s) until its timeout.
+        # A STATUS and a GEN (liveness 0.3 s: its STATUS pings and resends
+        # go on the fresh sockets too), of two clients, wait up to 60 s; the
+        # key is added once each has tried two fresh sockets, and both are
+        # answered soon after.
+        later = os.path.join(self.dir, "later2")
+        run(f"{BUILD}/reelctl", "keys", "new", "--role", "client", "--name", "waiter", "--out", later)
+        blog = os.path.join(self.dir, "broker.log")
+        got = {}
+        keys = dict(key=os.path.join(later, "waiter.key"), broker_key=os.path.join(self.keys, "broker.pub"))
+        with reel.Client(self.cluster.ce, timeout=60, **keys) as c, \
+                reel.Client(self.cluster.ce, timeout=60, liveness=0.3, **keys) as g:
+            def call(name, fn):
+                try:
+                    got[name] = fn()
+                except BaseException as e:  # (said below)
+                    got[name + " error"] = e
+            ts = [threading.Thread(target=call, args=("status", lambda: c.status(timeout=60))),
+                  threading.Thread(target=call, args=("gen", lambda: g.gen("tiny", self.ctx, latent=self.lat, steps=2,
+                                                                           shift=3.0, timeout=60)))]
+            t0 = time.monotonic()
+            for t in ts:
+                t.start()
+            while min(c._fresh, g._fresh) < 2 and all(t.is_alive() for t in ts) and time.monotonic() - t0 < 20:
+                time.sleep(0.02)
+            retried = (c._fresh, g._fresh)
+            with open(blog, errors="replace") as f:
+                reloads = sum(1 for ln in f if "SIGHUP: keys reloaded" in ln)
+            shutil.copy(os.path.join(later, "waiter.pub"), self.keys)
+            self.cluster.broker.send_signal(signal.SIGHUP)
+            reloaded = wait_log(blog, r"SIGHUP: keys reloaded", 60, self.cluster.broker, count=reloads + 1)
+            for t in ts:
+                t.join(70)
+            self.assertTrue(reloaded, "the broker did not reload its keys")
+            self.assertGreaterEqual(min(retried), 2, f"the waiting calls tried no fresh socket after their key was "
+                                    f"refused: {retried}")
+            self.assertEqual(sorted(got), ["gen", "status"], got)
+            self.assertIn("py0", [w.get("name") for w in got["status"].get("workers", [])])
+            self.assertEqual(got["gen"].latent.shape, (4, 2, 8, 8))
+            self.assertLess(time.monotonic() - t0, 40)
 
     def test_without_a_key_each_call_after_the_first_times_out_too_instead_of_blocking_in_a_send(self):
         # After the broker refuses the handshake the DEALER has no pipe: a
