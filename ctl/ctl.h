@@ -124,7 +124,8 @@ typedef struct {
 #define CTL_PROMPTS_MAX 100000             /* requests a --prompts file may hold */
 #define CTL_PROMPTS_MAX_BYTES (64 << 20)   /* and its size */
 /* Reads the --prompts file at path: one request per line (a CRLF file
- * too); a blank line (spaces and tabs only) is none; a line whose first
+ * too; a UTF-8 byte order mark at its start is skipped, a UTF-16 file
+ * refused); a blank line (spaces and tabs only) is none; a line whose first
  * non-blank byte is '{' is a JSON object {"prompt": TEXT, "seed": N,
  * "negative_prompt": TEXT} (prompt required; no other key); any other line
  * is the prompt as it stands. Each text by a GEN's rule, as --prompt's

@@ -115,14 +115,26 @@ int ctl_prompt_lines(const char *path, ctl_prompt_line_t **out, size_t *n_out) {
                       line);
             goto done;
         }
-        if (len > 0 && buf[len - 1] == '\n') buf[--len] = '\0';
-        if (len > 0 && buf[len - 1] == '\r') buf[--len] = '\0'; /* a CRLF file */
-        if (memchr(buf, '\r', (size_t)len)) { /* the wire takes it; a file of CR line ends would be one request */
+        char *text = buf;
+        if (line == 1 && len >= 3 && !memcmp(buf, "\xef\xbb\xbf", 3)) {
+            /* a UTF-8 BOM (Windows editors write one): no part of the first
+             * prompt, and a JSON first line is still one */
+            text += 3;
+            len -= 3;
+        }
+        if (line == 1 && len >= 2 && (!memcmp(buf, "\xff\xfe", 2) || !memcmp(buf, "\xfe\xff", 2))) {
+            reel_fail(REEL_E_INVALID, "--prompts %s: UTF-16 text (its byte order mark says so): save it as UTF-8",
+                      path);
+            goto done;
+        }
+        if (len > 0 && text[len - 1] == '\n') text[--len] = '\0';
+        if (len > 0 && text[len - 1] == '\r') text[--len] = '\0'; /* a CRLF file */
+        if (memchr(text, '\r', (size_t)len)) { /* the wire takes it; a file of CR line ends would be one request */
             reel_fail(REEL_E_INVALID, "%s line %d: a CR inside the line (one request a line, ended by LF or CRLF)",
                       path, line);
             goto done;
         }
-        size_t lead = strspn(buf, " \t");
+        size_t lead = strspn(text, " \t");
         if ((size_t)len == lead) continue; /* blank: no request */
         if (n == CTL_PROMPTS_MAX) {
             reel_fail(REEL_E_LIMIT, "--prompts %s: more than %d requests (line %d)", path, CTL_PROMPTS_MAX, line);
@@ -141,11 +153,11 @@ int ctl_prompt_lines(const char *path, ctl_prompt_line_t **out, size_t *n_out) {
         ctl_prompt_line_t *l = &lines[n++];
         memset(l, 0, sizeof *l);
         l->line = line;
-        if (buf[lead] == '{') {
-            if (json_line(path, line, buf + lead, (size_t)len - lead, l) != 0) goto done;
+        if (text[lead] == '{') {
+            if (json_line(path, line, text + lead, (size_t)len - lead, l) != 0) goto done;
         } else {
-            if (text_check(path, line, "prompt", buf, (size_t)len) != 0) goto done;
-            if (!(l->prompt = strdup(buf))) {
+            if (text_check(path, line, "prompt", text, (size_t)len) != 0) goto done;
+            if (!(l->prompt = strdup(text))) {
                 reel_fail(REEL_E_NOMEM, "out of memory reading %s", path);
                 goto done;
             }

@@ -72,6 +72,18 @@ done
     ok "line 3 (a CRLF line) is bitwise reelctl run --prompt with seed 7: its CR is no part of the prompt" ||
     { bad "line 3 vs reelctl run"; show "$D/run3.err"; }
 
+echo "== a UTF-8 byte order mark at the start (Windows editors write one) is no part of line 1"
+# a JSON first line behind a BOM was read as a plain prompt: its JSON text
+# sent as the prompt, with --seed's seed and no negative prompt
+printf '\357\273\277{"prompt": "a bird over the sea", "seed": 42, "negative_prompt": "blurry"}\nthe moon and a tree\n' \
+    >"$D/bom.txt"
+# shellcheck disable=SC2086 # COMMON: words
+"$R" gen $COMMON --seed 8 --prompts "$D/bom.txt" --out-dir "$D/bout" 2>"$D/bom.err" &&
+    "$R" tensor diff "$D/bout/0001.safetensors" "$D/out/0004.safetensors" --name latent >/dev/null 2>&1 &&
+    "$R" tensor diff "$D/bout/0002.safetensors" "$D/out/0005.safetensors" --name latent >/dev/null 2>&1 &&
+    ok "a file with a BOM: its JSON line 1 read as JSON (its seed and negative prompt), each line bitwise the same line without it" ||
+    { bad "a file that starts with a BOM"; show "$D/bom.err"; }
+
 echo "== videos: NNNN.mp4, the latent beside it"
 printf 'a cat on a skateboard\nthe moon and a tree\n' >"$D/v.txt"
 # shellcheck disable=SC2086
@@ -104,6 +116,7 @@ printf '{"prompt": "x", "sed": 1}\n' >"$D/key.txt"
 printf '{"prompt": "x", \n' >"$D/json.txt"
 printf '{"prompt": "x", "negative_prompt": "blurry"}\n' >"$D/neg.txt"
 printf '\n  \n' >"$D/blank.txt"
+printf '\377\376a\000 \000c\000a\000t\000\n\000' >"$D/utf16.txt"
 : >"$D/empty.txt"
 bad_case() { # FILE PATTERN WHAT [extra args]
     _f=$1; _p=$2; _w=$3; shift 3
@@ -119,6 +132,7 @@ bad_case "$D/blank.txt" "no request in it" "a file of blank lines"
 bad_case "$D/long.txt" "long.txt line 2: the prompt is 4097 bytes: at most 4096" "a prompt of 4097 bytes on line 2"
 bad_case "$D/utf8.txt" "utf8.txt line 2: the prompt is not UTF-8 text" "a line that is not UTF-8"
 bad_case "$D/ctl.txt" "ctl.txt line 2: the prompt is not UTF-8 text or holds a control character" "a line with a control character"
+bad_case "$D/utf16.txt" "utf16.txt: UTF-16 text (its byte order mark says so): save it as UTF-8" "a UTF-16 file (Windows' \"Unicode\")"
 bad_case "$D/cr.txt" "cr.txt line 1: a CR inside the line" "a file of CR line ends (one line with a CR inside)"
 bad_case "$D/key.txt" "key.txt line 1: unknown key \"sed\"" "a JSON line with an unknown key"
 bad_case "$D/json.txt" "json.txt line 1: starts with '{' but is not JSON" "a line that starts as JSON and is not"
