@@ -459,6 +459,8 @@ typedef struct {
     bool *told;                 /* each line's end said (done ran for it) */
     size_t written, failed;
     bool bar;                   /* a progress bar is drawn: a message starts a new line */
+    reel_client_t *c;           /* the round's: ended when an output cannot be written */
+    int stopped_at;             /* the line whose output could not be written (0: none): the round ended there */
 } round_run_t;
 
 static void round_bar(void *user, int done, int total) {
@@ -468,7 +470,8 @@ static void round_bar(void *user, int done, int total) {
 }
 
 /* As each line's request ends: its output written (as one gen writes its
- * --out), or its failure said with its line; what it held freed at once. */
+ * --out), or its failure said with its line; what it held freed at once.
+ * An output that cannot be written ends the round. */
 static void round_done(void *user, size_t i, reel_gen_item_t *it, const float *latent) {
     round_run_t *r = user;
     r->told[i] = true;
@@ -488,6 +491,14 @@ static void round_done(void *user, size_t i, reel_gen_item_t *it, const float *l
             snprintf(it->err.message, sizeof it->err.message, "%s", reel_err_text());
             fprintf(stderr, "reelctl: gen: line %d: %s\n", r->lines[i].line, reel_err_text());
             r->failed++;
+            /* A full disk, a folder gone: the lines after it would run on
+             * the cluster only to fail here too. The round ends as on
+             * SIGINT (reel_client_interrupt only sets a flag: a done hook
+             * may call it). */
+            if (!r->stopped_at) {
+                r->stopped_at = r->lines[i].line;
+                reel_client_interrupt(r->c);
+            }
         }
     } else {
         fprintf(stderr, "reelctl: gen: line %d: %s: %s\n", r->lines[i].line, it->err.code, it->err.message);
@@ -531,8 +542,9 @@ static int round_path(const gen_opts_t *o, int line, int width, char *path) {
  * sent (exit 2 for a bad one), then one round of GENs on one connection
  * (reel_gen_many, --window of them in flight), each output written as it
  * comes; a line that fails is said with its line number and the others go
- * on. 0 when every line's output was written; CTL_NO (said) when some
- * failed; 130 when interrupted; -1 with the error value otherwise. */
+ * on, but for an output that cannot be written (the round ends there). 0
+ * when every line's output was written; CTL_NO (said) when some failed;
+ * 130 when interrupted; -1 with the error value otherwise. */
 static int gen_round(gen_opts_t *o) {
     ctl_prompt_line_t *lines = NULL;
     size_t n = 0;
@@ -579,7 +591,7 @@ static int gen_round(gen_opts_t *o) {
     }
     if (!(c = reel_client_new_keys(o->broker, o->key, o->broker_key))) goto done;
     reel_client_on_resend(c, resent, "GEN");
-    round_run_t run = { .o = o, .lines = lines, .paths = paths, .told = told, .bar = !o->quiet && ctl_tty() };
+    round_run_t run = { .o = o, .lines = lines, .paths = paths, .told = told, .bar = !o->quiet && ctl_tty(), .c = c };
     reel_gen_many_t many = { .window = o->window, .timeout_ms = o->timeout_ms, .keep_going = true,
                              .progress = run.bar ? round_bar : NULL, .done = round_done, .user = &run };
     struct sigaction sa = { .sa_handler = on_interrupt }, old_int, old_term;
@@ -603,7 +615,12 @@ static int gen_round(gen_opts_t *o) {
     if (unrun[0]) fprintf(stderr, ", %zu not run (cancelled or never sent: line%s %s)", n - run.written - run.failed,
                           n - run.written - run.failed > 1 ? "s" : "", unrun);
     fputc('\n', stderr);
-    if (got != 0 && !strcmp(err.code, REEL_CLIENT_E_INTERRUPTED)) {
+    if (run.stopped_at) {
+        if (unrun[0])
+            fprintf(stderr, "reelctl: gen: stopped: line %d's output could not be written (above); the GENs in "
+                    "flight were cancelled, the rest not sent\n", run.stopped_at);
+        code = CTL_NO;
+    } else if (got != 0 && !strcmp(err.code, REEL_CLIENT_E_INTERRUPTED)) {
         fprintf(stderr, "reelctl: gen: interrupted; the GENs in flight were cancelled (the cluster stops them)\n");
         code = 130;
     } else if (got != 0 && failed == REEL_GEN_NO_INDEX) {

@@ -246,7 +246,8 @@ static const usage_t usages[] = {
       "      written as it comes, its seed --seed K + N - 1; a line is a prompt, or a JSON object\n"
       "      {\"prompt\": .., \"seed\": .., \"negative_prompt\": ..}; blank lines are skipped; a bad\n"
       "      line stops it before anything is sent (exit 2); lines that fail are said with their\n"
-      "      number, the others go on (exit 1 unless every line's output was written)\n",
+      "      number, the others go on (exit 1 unless every line's output was written); an output\n"
+      "      that cannot be written (a full disk) stops the round\n",
       "  --model NAME            the model the workers serve (--config: the same) (required)\n"
       "  --context C.safetensors tensor context [L,T] (required unless --prompt or --prompts)\n"
       "  --uncond U.safetensors  the unconditional context: turns guidance on (needs --cfg)\n"

@@ -6,7 +6,8 @@
 # line), one round on one connection: each output is bitwise what one
 # `reelctl gen --prompt` of that line (and `reelctl run --prompt`) gives,
 # named by its line; videos as NNNN.mp4; lines that fail are said with
-# their line number and the exit status is 1; a bad file is refused with
+# their line number and the exit status is 1; an output that cannot be
+# written ends the round; a bad file is refused with
 # exit 2 before anything is sent (the broker's request counters do not
 # move, no folder is made); SIGINT cancels the round (exit 130). Every
 # wait is bounded; every process is killed on exit.
@@ -104,6 +105,20 @@ rc=$?
     [ -z "$(ls "$D/fout")" ] &&
     ok "lines the cluster fails: each said with its line and the broker's reason, the summary lists them, exit 1" ||
     { bad "failed lines (exit $rc)"; show "$D/f.err"; }
+
+echo "== an output that cannot be written (a full disk) ends the round"
+# ulimit -f: every output is past the size a file may have (EFBIG, as a
+# full disk's ENOSPC); each line after the first ran on the cluster only to
+# fail the same way, to the end of the file
+printf 'one\ntwo\nthree\nfour\n' >"$D/full4.txt"
+# shellcheck disable=SC2086 # COMMON: words
+(ulimit -f 1; trap '' XFSZ; exec "$R" gen $COMMON --window 1 --prompts "$D/full4.txt" --out-dir "$D/full") 2>"$D/full.err"
+rc=$?
+[ $rc = 1 ] && grep -q "^reelctl: gen: line 1: .*File too large" "$D/full.err" &&
+    grep -q "0 written to $D/full, 1 failed (line 1), 3 not run (cancelled or never sent: lines 2, 3, 4)$" "$D/full.err" &&
+    grep -q "^reelctl: gen: stopped: line 1's output could not be written" "$D/full.err" &&
+    ok "line 1's output not written: said, the round stopped there (lines 2-4 not run), exit 1" ||
+    { bad "an output that cannot be written (exit $rc)"; show "$D/full.err"; }
 
 echo "== a bad file is refused before anything is sent (exit 2)"
 before=$(answered)

@@ -256,7 +256,8 @@ typedef struct {
  * the requests, each counted as reel_gen's progress counts it (its steps,
  * then a decoded output's latent frames), its GENs asking for PROGRESS
  * whatever g.progress says; none of them when it is NULL. progress and
- * done run inside the call, on its thread: they must not call c.
+ * done run inside the call, on its thread: they must not call c, but for
+ * reel_client_interrupt (a flag: the round then ends as above).
  *
  * Returns 0 when every request got its RESULT. Otherwise the rc of the
  * failure that ended the round (without keep_going), or of the first
