@@ -451,11 +451,21 @@ static void on_interrupt(int sig) {
 
 /* ---- gen --prompts FILE: a round of one request a line ---------------------------------- */
 
+/* Line `line`'s output (width digits) into path[PATH_MAX], as one gen's
+ * --out: DIR/NNNN.safetensors, or DIR/NNNN.mp4 for a video. 0, or -1 with
+ * an invalid error (too long). */
+static int round_name(const gen_opts_t *o, int line, int width, char *path) {
+    bool video = o->g.output && !strcmp(o->g.output, "video");
+    if (snprintf(path, PATH_MAX, "%s/%0*d.%s", o->out_dir, width, line, video ? "mp4" : "safetensors") >= PATH_MAX)
+        return reel_fail(REEL_E_INVALID, "--out-dir %s: path too long", o->out_dir);
+    return 0;
+}
+
 /* What the round's hooks need. */
 typedef struct {
     const gen_opts_t *o;
     const ctl_prompt_line_t *lines;
-    char (*paths)[PATH_MAX];    /* each line's output, as one gen's --out */
+    int width;                  /* the digits of the outputs' names (round_path) */
     bool *told;                 /* each line's end said (done ran for it) */
     size_t written, failed;
     bool bar;                   /* a progress bar is drawn: a message starts a new line */
@@ -478,9 +488,11 @@ static void round_done(void *user, size_t i, reel_gen_item_t *it, const float *l
     if (r->bar) fputc('\n', stderr);
     if (it->rc == 0) {
         gen_opts_t one = *r->o;
+        char path[PATH_MAX];
+        (void)round_name(r->o, r->lines[i].line, r->width, path); /* (checked before the round: round_path) */
         one.g = it->g;
-        one.out = r->paths[i];
-        one.video_out = it->g.output && !strcmp(it->g.output, "video") ? r->paths[i] : NULL;
+        one.out = path;
+        one.video_out = it->g.output && !strcmp(it->g.output, "video") ? path : NULL;
         if (it->g.decoded) one.decoded = *it->g.decoded;
         if (it->g.rollout) one.rollout = *it->g.rollout;
         if (gen_save(&one, &it->res, latent) == 0) {
@@ -530,8 +542,7 @@ static void round_lines(const reel_gen_item_t *items, const ctl_prompt_line_t *l
  * --out X.mp4 writes it); each absent or a regular file. 0 or -1. */
 static int round_path(const gen_opts_t *o, int line, int width, char *path) {
     bool video = o->g.output && !strcmp(o->g.output, "video"), frames = o->g.output && !strcmp(o->g.output, "frames");
-    if (snprintf(path, PATH_MAX, "%s/%0*d.%s", o->out_dir, width, line, video ? "mp4" : "safetensors") >= PATH_MAX)
-        return reel_fail(REEL_E_INVALID, "--out-dir %s: path too long", o->out_dir);
+    if (round_name(o, line, width, path) != 0) return -1;
     char beside[PATH_MAX + 16];
     snprintf(beside, sizeof beside, "%s%s", path, video ? ".safetensors" : ".frames.npy");
     if (ctl_out_file(path) != 0 || ((video || frames) && ctl_out_file(beside) != 0)) return -1;
@@ -552,11 +563,10 @@ static int gen_round(gen_opts_t *o) {
     reel_gen_item_t *items = calloc(n, sizeof *items);
     reel_decoded_t *dec = calloc(n, sizeof *dec);
     reel_rollout_t *ros = calloc(n, sizeof *ros);
-    char (*paths)[PATH_MAX] = calloc(n, sizeof *paths);
     bool *told = calloc(n, sizeof *told);
     reel_client_t *c = NULL;
     int code = -1;
-    if (!items || !dec || !ros || !paths || !told) {
+    if (!items || !dec || !ros || !told) {
         reel_fail(REEL_E_NOMEM, "out of memory for %zu requests", n);
         goto done;
     }
@@ -568,7 +578,8 @@ static int gen_round(gen_opts_t *o) {
                       o->prompts, lines[i].line);
             goto done;
         }
-        if (round_path(o, lines[i].line, width, paths[i]) != 0) goto done;
+        char path[PATH_MAX]; /* made again as its output comes (round_done): PATH_MAX a line was 400 MB */
+        if (round_path(o, lines[i].line, width, path) != 0) goto done;
     }
     if (mkdir(o->out_dir, 0777) != 0 && errno != EEXIST) {
         reel_fail_errno(REEL_E_IO, errno, "--out-dir %s", o->out_dir);
@@ -591,7 +602,7 @@ static int gen_round(gen_opts_t *o) {
     }
     if (!(c = reel_client_new_keys(o->broker, o->key, o->broker_key))) goto done;
     reel_client_on_resend(c, resent, "GEN");
-    round_run_t run = { .o = o, .lines = lines, .paths = paths, .told = told, .bar = !o->quiet && ctl_tty(), .c = c };
+    round_run_t run = { .o = o, .lines = lines, .width = width, .told = told, .bar = !o->quiet && ctl_tty(), .c = c };
     reel_gen_many_t many = { .window = o->window, .timeout_ms = o->timeout_ms, .keep_going = true,
                              .progress = run.bar ? round_bar : NULL, .done = round_done, .user = &run };
     struct sigaction sa = { .sa_handler = on_interrupt }, old_int, old_term;
@@ -637,7 +648,6 @@ done:
     free(items);
     free(dec);
     free(ros);
-    free(paths);
     free(told);
     ctl_prompt_lines_free(lines, n);
     return code;

@@ -163,6 +163,23 @@ after=$(answered)
 [ -n "$before" ] && [ "$before" = "$after" ] && ok "the broker answered no request for any of them ($before before, $after after)" ||
     bad "requests answered moved from '$before' to '$after'"
 
+echo "== a file of 100000 lines (the most): what the command holds for them is small"
+# Each line held PATH_MAX (4 KiB) for its output's name: 563 MB at 100000
+# lines before a GEN went. A broker endpoint that cannot be: the command
+# ends once every line is read and prepared (exit 2), nothing sent.
+$PY -c 'import sys
+with open(sys.argv[1], "w") as f:
+    f.writelines("a cat number %d\n" % i for i in range(100000))' "$D/100k.txt"
+# shellcheck disable=SC2086 # COMMON: words
+got=$($PY - "$R" gen $COMMON --broker bogus://nowhere --prompts "$D/100k.txt" --out-dir "$D/big" <<'EOF'
+import resource, subprocess, sys
+rc = subprocess.run(sys.argv[1:], stderr=subprocess.DEVNULL).returncode
+print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)
+EOF
+)
+[ "${got%% *}" = 2 ] && [ "${got#* }" -lt 300 ] &&
+    ok "100000 lines read and prepared in ${got#* } MB (under 300)" || bad "100000 lines: exit and MB: $got"
+
 echo "== SIGINT cancels the round"
 # long GENs (10000 steps of 2x16x16, seconds each): still running at the SIGINT
 printf 'one\ntwo\nthree\nfour\n' >"$D/long4.txt"
