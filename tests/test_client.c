@@ -1175,16 +1175,27 @@ static void round_quiet(round_fake_t *f, int ms, const char *why) {
     ck_assert_msg(zmq_poll(&it, 1, ms) == 0, "the client sent more %s", why);
 }
 
-static void round_result(round_fake_t *f, uint64_t id, uint64_t seed) {
+/* A RESULT of GEN id (the latent of seed) from the broker of boot id boot
+ * (0: none named). */
+static void round_result_boot(round_fake_t *f, uint64_t id, uint64_t seed, uint64_t boot) {
     float lat[LAT_N];
     lat_of(seed, lat);
     msg_result_t r;
     memset(&r, 0, sizeof r);
     r.version = 1;
+    r.boot = boot;
     const int64_t ls[4] = { 4, 2, 8, 8 };
     wire_tensor_t t = ts_wire_tensor("latent", KERN_F32, 4, ls, lat, sizeof lat);
     r.latent = &t;
     ck_assert_int_eq(msg_send(f->router, &f->who, MSG_RESULT, id, &r, NULL), 0);
+}
+
+static void round_result(round_fake_t *f, uint64_t id, uint64_t seed) { round_result_boot(f, id, seed, 0); }
+
+static int64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static void round_progress_of(round_fake_t *f, uint64_t id, int step, int steps) {
@@ -1650,6 +1661,57 @@ START_TEST(test_a_round_waiting_when_its_key_is_admitted_sends_its_requests_in_f
 }
 END_TEST
 
+/* A broker restarted quicker than a liveness of silence: a GEN sent
+ * before it is lost, one sent since is answered by the new broker, whose
+ * RESULT names its boot. The lost one goes again then (its id), not after
+ * a silence that the answers to the later ones never leave (a window
+ * cycling through the new broker: the lost waited out their timeouts, the
+ * window shrunk to those cycling). Liveness 5 s: the resend must come well
+ * within it. */
+START_TEST(test_a_round_sends_a_request_lost_to_a_restart_again_at_the_first_result_of_the_new_boot) {
+    round_fake_t *f = round_open(4, 2, 20000, false, 5000);
+    uint64_t id, ping = 0, gens[2] = { 0 }, seed;
+    int n_gens = 0;
+    while (n_gens < 2 || !ping) { /* a STATUS first, then the two GENs */
+        msg_type_t t = round_next(f, &id, &seed);
+        if (t == MSG_STATUS) ping = ping ? ping : id;
+        else gens[n_gens++] = id;
+    }
+    reply_status_to(f->router, &f->who, ping, BOOT_A);
+    round_result_boot(f, gens[0], 100, BOOT_A);
+    uint64_t id2 = round_gen(f, &seed);
+    ck_assert_uint_eq(seed, 102);
+    /* the broker restarts: GEN gens[1] (seed 101) is lost; id2 reached the new one */
+    round_result_boot(f, id2, 102, BOOT_B);
+    uint64_t id3 = 0;
+    bool again = false;
+    int64_t by = mono_ms() + 2000;
+    while (!again || !id3) {
+        zmq_pollitem_t it = { f->router, 0, ZMQ_POLLIN, 0 };
+        int64_t left = by - mono_ms();
+        ck_assert_msg(left > 0 && zmq_poll(&it, 1, (long)left) == 1,
+                      "GEN %llu, lost to the restart, not sent again within 2 s of the new broker's first RESULT",
+                      (unsigned long long)gens[1]);
+        msg_type_t t = round_next(f, &id, &seed);
+        if (t != MSG_GEN) continue; /* (a STATUS of a slow machine's silence) */
+        if (id == gens[1]) {
+            ck_assert_uint_eq(seed, 101);
+            again = true;
+        } else {
+            ck_assert_msg(!id3 && seed == 103, "GEN %llu of seed %llu", (unsigned long long)id,
+                          (unsigned long long)seed);
+            id3 = id;
+        }
+    }
+    round_result_boot(f, gens[1], 101, BOOT_B);
+    round_result_boot(f, id3, 103, BOOT_B);
+    round_join(f);
+    ck_assert_msg(f->rc == 0, "reel_gen_many: %d %s: %s", f->rc, f->err.code, f->err.message);
+    for (size_t i = 0; i < 4; i++) round_item_ok(f, i);
+    round_close(f);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("client");
     TCase *tc = tcase_create("delivery");
@@ -1685,6 +1747,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_a_round_with_a_request_that_cannot_be_built_sends_nothing);
     tcase_add_test(tc, test_a_round_sends_every_request_in_flight_again_when_another_boot_answers);
     tcase_add_test(tc, test_a_round_waiting_when_its_key_is_admitted_sends_its_requests_in_flight_again_and_completes);
+    tcase_add_test(tc, test_a_round_sends_a_request_lost_to_a_restart_again_at_the_first_result_of_the_new_boot);
     suite_add_tcase(s, tc);
     return s;
 }

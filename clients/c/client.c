@@ -689,12 +689,14 @@ int cli_live_send(reel_client_t *c, const cli_live_msg_t *m, int64_t deadline, w
     return send_msg(c, m->type, m->id, m->body, NULL, deadline, err);
 }
 
-/* Every message of msgs again (the same requests), each told to the
- * on_resend hook with silent_ms first. 0, or -1 with err as send_msg. */
-static int resend_all(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, int n, int silent_ms,
-                      int64_t deadline, wire_err_t *err) {
+/* Every message of msgs but the one of id `skip` (0: none) again (the
+ * same requests), each told to the on_resend hook with silent_ms first. 0,
+ * or -1 with err as send_msg. */
+static int resend_all(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, int n, uint64_t skip,
+                      int silent_ms, int64_t deadline, wire_err_t *err) {
     st->resent = true;
     for (int i = 0; i < n; i++) {
+        if (skip && msgs[i].id == skip) continue;
         c->resends++;
         if (c->on_resend) c->on_resend(c->resend_user, msgs[i].id, silent_ms);
         if (send_msg(c, msgs[i].type, msgs[i].id, msgs[i].body, NULL, deadline, err) != 0) return -1;
@@ -753,7 +755,7 @@ int cli_live_next(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, 
                 cli_set_err(err, WIRE_E_INTERNAL, "%s", reel_err_text());
                 return -1;
             }
-            if (resend_all(c, st, msgs, n, -1, deadline, err) != 0) return -1;
+            if (resend_all(c, st, msgs, n, 0, -1, deadline, err) != 0) return -1;
         }
     }
     for (;;) {
@@ -782,6 +784,18 @@ int cli_live_next(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, 
                                       * restart between calls is then no cause to send a GEN again) */
                 uint64_t b = boot_of(m);
                 if (b) c->boot = b;
+                if (b && st->boot && b != st->boot && n > 1) {
+                    /* Another broker than the one the others reached (a
+                     * restart quicker than a liveness of silence) answered
+                     * one sent since: the others it never got go again
+                     * now. The answers to those sent since may never
+                     * leave the silence a STATUS waits for, and those lost
+                     * would wait out their timeouts. (A send that fails
+                     * here fails the next wait: this answer is kept.) */
+                    wire_err_t e;
+                    st->boot = b;
+                    (void)resend_all(c, st, msgs, n, m->id, 0, deadline, &e);
+                }
                 return 0;
             }
             uint64_t now_boot = boot_of(m);
@@ -832,7 +846,7 @@ int cli_live_next(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, 
             st->boot = 0;
             st->resent = false;
         }
-        if (resend_all(c, st, msgs, n, silent, deadline, err) != 0) return -1;
+        if (resend_all(c, st, msgs, n, 0, silent, deadline, err) != 0) return -1;
     }
 }
 

@@ -246,7 +246,9 @@ typedef struct {
  * send; one that waits longer fails with "timeout" and is cancelled
  * (docs/PROTOCOL.md "Cancelling"). A lost or restarted broker, or a
  * standby pair's move, sends every request in flight again, as reel_gen's
- * (reel_client_set_liveness, on_resend: once per request sent again).
+ * (reel_client_set_liveness, on_resend: once per request sent again); a
+ * restart is also seen at the first RESULT the new broker sends (its boot
+ * id), when the answers to requests sent since leave no silence.
  *
  * A request's failure (ERROR, a BUSY as above, its timeout, a RESULT that
  * cannot be read) without keep_going ends the round: the requests in

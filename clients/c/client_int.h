@@ -74,7 +74,8 @@ int cli_live_send(reel_client_t *c, const cli_live_msg_t *m, int64_t deadline, w
  * PROGRESS of them goes to fn (NULL: dropped). Meanwhile: after every
  * liveness_ms of silence a STATUS; when it goes unanswered for liveness_ms
  * too, or another broker answers it (a new boot id: a restart), every
- * message of msgs is sent again; with a standby pair, an ERROR standby to
+ * message of msgs is sent again (and when a RESULT names another boot than
+ * the one they reached, every one but its own); with a standby pair, an ERROR standby to
  * one of them or that silence moves c to the other broker, where every one
  * goes again (client.h, reel_client_set_liveness). Each message sent again
  * counts in reel_client_resends and goes to the on_resend hook. A socket

@@ -1278,8 +1278,9 @@ class Client:
         """_recv_any for GENs sent by _send_gens: after `liveness` seconds of
         silence a STATUS; every GEN still waited for is sent again (same id
         and token) when that is not answered in as long either, or another
-        broker answers (a new boot id: a restart lost them). A broker that
-        still holds a GEN attaches the resend to it.
+        broker answers (a new boot id: a restart lost them), or a RESULT
+        names another boot than the one they reached (_resend_lost_to). A
+        broker that still holds a GEN attaches the resend to it.
 
         With several endpoints (a standby pair), an ERROR standby answer to
         one of them, or that silence, moves the client to the next broker
@@ -1299,6 +1300,7 @@ class Client:
                 ids = set(rids) | ({st["ping"]} if st["asked"] else set())
                 got = self._recv_any(ids, min(deadline, time.monotonic() + self.liveness), on_progress)
                 if got[0] != st["ping"]:
+                    self._resend_lost_to(got, rids, sent, st, deadline)
                     return got
                 was_first = st["first"]
                 st.update(asked=False, first=False)
@@ -1351,6 +1353,30 @@ class Client:
             st["resent"] = True
             for rid in rids:
                 st["send"](rid, *sent[rid], deadline)
+
+    def _resend_lost_to(self, got, rids, sent, st, deadline):
+        """An answer got (rid, header, tensors) to one of rids: when it is a
+        RESULT naming another broker than the one the others reached (a
+        restart quicker than a liveness of silence, answering one sent
+        since), every other GEN of rids goes again now. The answers to
+        those sent since may never leave the silence a STATUS waits for,
+        and those the restart lost would wait out their timeouts. A send
+        that fails here is left to the next wait (this answer is kept)."""
+        try:
+            boot = int(got[1].get("boot") or "0", 16) if got[1].get("type") == "RESULT" else 0
+        except (TypeError, ValueError):
+            boot = 0
+        others = [rid for rid in rids if rid != got[0]]
+        if not boot or not st["boot"] or boot == st["boot"] or not others:
+            return
+        st["boot"] = boot
+        self.resends += 1
+        st["resent"] = True
+        try:
+            for rid in others:
+                st["send"](rid, *sent[rid], deadline)
+        except ReelError:
+            pass
 
     def _recv_gens(self, rids, deadline, sent, st, on_progress=None):
         """_recv_live for GENs this call gives up on when it ends without

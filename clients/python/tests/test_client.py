@@ -1769,6 +1769,90 @@ class BrokerRestartTests(unittest.TestCase):
                 cl.stop()
             shutil.rmtree(d, ignore_errors=True)
 
+    def test_gen_many_sends_a_gen_lost_to_a_restart_again_at_the_new_brokers_first_result(self):
+        """A fake broker (a ROUTER this test drives) restarted quicker than
+        a liveness of silence (5 s): a GEN sent before it is lost, one sent
+        since is answered by the new broker, its RESULT naming its boot. The
+        lost one goes again then (its id), not after a silence that the
+        answers to the later ones never leave (a window cycling through the
+        new broker: the lost waited out their timeouts). As test_client.c's
+        test of reel_gen_many."""
+        d = tempfile.mkdtemp(prefix="reel-py-lost-")
+        ctx = zmq.Context()
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.bind(f"ipc://{d}/b")
+        boot_a, boot_b = 0x1111aaaa2222bbbb, 0x3333cccc4444dddd
+        reqs = [dict(model="tiny", context=rand((5, 32), k), latent_shape=(4, 1, 2, 2), steps=2, seed=100 + k)
+                for k in range(4)]
+        out, errors = {}, []
+        c = reel.Client(f"ipc://{d}/b", timeout=20, liveness=5)
+
+        def one():
+            try:
+                out["r"] = c.gen_many(reqs, window=2)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        def recv(secs=10):
+            self.assertTrue(router.poll(int(secs * 1000)), f"nothing from the client within {secs} s")
+            fr = router.recv_multipart()
+            return fr[0], msgpack.unpackb(fr[1], raw=False)
+
+        def reply(who, hdr, *frames):
+            router.send_multipart([who, msgpack.packb(dict(hdr, proto=reel.client.PROTO), use_bin_type=True)]
+                                  + list(frames))
+
+        def result(who, rid, seed, boot):
+            lat = np.full((4, 1, 2, 2), seed, dtype=np.float32)
+            reply(who, {"type": "RESULT", "id": rid, "boot": format(boot, "016x"), "worker": "fake", "version": 1,
+                        "tensors": [{"name": "latent", "dtype": "F32", "shape": [4, 1, 2, 2], "bytes": lat.nbytes}]},
+                  lat.tobytes())
+
+        t = threading.Thread(target=one)
+        t.start()
+        try:
+            ping, gens = None, []
+            while ping is None or len(gens) < 2:  # a STATUS first, then the two GENs
+                who, h = recv()
+                if h["type"] == "STATUS":
+                    ping = h["id"]
+                else:
+                    gens.append(h["id"])
+            reply(who, {"type": "STATUS_REPLY", "id": ping, "boot": format(boot_a, "016x")})
+            result(who, gens[0], 100, boot_a)
+            _, h = recv()
+            self.assertEqual((h["type"], h["seed"]), ("GEN", 102))
+            id2 = h["id"]
+            # the broker restarts: gens[1] (seed 101) is lost; id2 reached the new one
+            result(who, id2, 102, boot_b)
+            again, id3, end = False, None, time.monotonic() + 2
+            while not again or id3 is None:
+                left = end - time.monotonic()
+                self.assertTrue(left > 0 and router.poll(int(left * 1000)),
+                                f"GEN {gens[1]}, lost to the restart, not sent again within 2 s of the new "
+                                "broker's first RESULT")
+                _, h = recv()
+                if h["type"] != "GEN":
+                    continue  # (a STATUS of a slow machine's silence)
+                if h["id"] == gens[1]:
+                    self.assertEqual(h["seed"], 101)
+                    again = True
+                else:
+                    self.assertEqual((id3, h["seed"]), (None, 103))
+                    id3 = h["id"]
+            result(who, gens[1], 101, boot_b)
+            result(who, id3, 103, boot_b)
+            t.join(20)
+            self.assertEqual(errors, [])
+            self.assertEqual([float(r.latent.flat[0]) for r in out["r"]], [100, 101, 102, 103])
+        finally:
+            t.join(30)
+            c.close()
+            router.close()
+            ctx.term()
+            shutil.rmtree(d, ignore_errors=True)
+
     def test_a_client_learns_a_restarted_brokers_boot_from_a_result_and_never_resends_a_live_gen(self):
         """The broker restarts between two calls of one client (liveness
         0.2 s); the call after the restart is answered, its RESULT naming
