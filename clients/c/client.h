@@ -211,9 +211,11 @@ typedef struct {
 /* fn(user, index, item, latent) as request `index` ends with its own
  * outcome: its RESULT (item->rc 0; latent: its n·C·F·H·W floats, valid
  * during the call only, whether or not item->out is set), or its ERROR,
- * its timeout or a BUSY it is not sent again after (latent NULL; with
- * keep_going that is also every request still to send then, failed
- * "busy"). Not for a request the round's end cancelled or never sent. */
+ * its timeout (no answer in time, or its GEN not sent in time: no
+ * connection took it, and the round ends) or a BUSY it is not sent again
+ * after (latent NULL; with keep_going that is also every request still to
+ * send then, failed "busy"). Not for a request the round's end cancelled
+ * or never sent. */
 typedef void (*reel_gen_done_fn)(void *user, size_t index, reel_gen_item_t *item, const float *latent);
 
 /* How reel_gen_many runs its round. */

@@ -102,8 +102,8 @@ static size_t take_out(round_t *x, int k) {
 
 /* Sends what the window has room for: the BUSY ones first, then those not
  * sent yet, each due timeout_ms after its own send. 0, or -1 with err and
- * *failed (the request whose GEN could not be sent by its timeout; none
- * when interrupted). */
+ * *failed (the request whose GEN could not be sent by its timeout, told to
+ * done; none when interrupted). */
 static int send_more(round_t *x, wire_err_t *err, size_t *failed) {
     for (int k = x->n_held - 1; k >= 0; k--) x->q[--x->head] = x->held[k];
     x->n_held = 0;
@@ -116,9 +116,10 @@ static int send_more(round_t *x, wire_err_t *err, size_t *failed) {
         }
         cli_live_msg_t m = { MSG_GEN, cli_new_id(x->c), &x->req[i].m };
         if (cli_live_send(x->c, &m, due, err) != 0) {
-            if (strcmp(err->code, REEL_CLIENT_E_INTERRUPTED)) {
+            if (strcmp(err->code, REEL_CLIENT_E_INTERRUPTED)) { /* its own timeout: told, as an answer's is */
                 x->items[i].err = *err;
                 *failed = i;
+                ended(x, i, NULL);
             }
             return -1;
         }
