@@ -158,7 +158,7 @@ static void render(brk_t *b, reel_text_t *t) {
     reel_prom_family(t, "reel_broker_catalog_failed_total", "counter", "Catalog batches that failed to commit.");
     reel_prom_sample(t, "reel_broker_catalog_failed_total", "", (double)brk_catq_failures(b->cat));
     reel_prom_family(t, "reel_broker_auth_refusals_total", "counter",
-                     "CURVE handshakes refused, and messages dropped because their key left the allowlist.");
+                     "CURVE handshakes refused (every attempt; the peers: reel_broker_auth_refused_peers_total).");
     reel_prom_sample(t, "reel_broker_auth_refusals_total", "", (double)brk_zap_refused(b->zap));
     reel_prom_family(t, "reel_broker_auth_refused_peers_total", "counter",
                      "Peers (a key from an address on one socket) whose CURVE handshakes were refused.");
