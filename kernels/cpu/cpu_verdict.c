@@ -37,6 +37,16 @@ bool cpu_verdict_keep(cpu_verdicts_t *t, const int64_t key[CPU_VERDICT_KEY], boo
     return ok;
 }
 
+bool cpu_verdict_ask(cpu_verdicts_t *t, const int64_t key[CPU_VERDICT_KEY], int (*probe)(const void *ctx),
+                     const void *ctx) {
+    int known = cpu_verdict_find(t, key);
+    if (known >= 0) return known == 1;
+    if (cpu_replaying()) return false;
+    int r = probe(ctx);
+    if (r < 0) return false;
+    return cpu_verdict_keep(t, key, r == 1);
+}
+
 void cpu_verdict_count(cpu_verdicts_t *t, int *yes, int *no) {
     pthread_mutex_lock(&t->mu);
     *yes = *no = 0;

@@ -49,6 +49,29 @@ void cpu_verdict_count(cpu_verdicts_t *t, int *yes, int *no);
 /* Forgets every answer (tests). */
 void cpu_verdict_forget(cpu_verdicts_t *t);
 
+/* Whether key's cut keeps the bits: the kept answer, else (not while a
+ * graph replays: unknown then counts as no) probe(ctx) asked now, outside
+ * the lock (two threads may ask the same and get the same answer), and
+ * kept. probe returns 1 yes, 0 no, -1 could not ask (kept as nothing). */
+bool cpu_verdict_ask(cpu_verdicts_t *t, const int64_t key[CPU_VERDICT_KEY], int (*probe)(const void *ctx),
+                     const void *ctx);
+
+/* Whether a job of `items` tiles or blocks on a pool of T threads is worth
+ * cutting at all: a pool of at least CPU_CUT_MIN_THREADS with more than a
+ * quarter of them idle. */
+static inline bool cpu_cut_wanted(int64_t items, int T) {
+    return T >= CPU_CUT_MIN_THREADS && items < 4 * (int64_t)T;
+}
+
+/* Tile-times of `items` items cut f ways (1, 2, 4 or 8) on T threads,
+ * each halving counted a tenth dearer (a part packs its operands again:
+ * measured 0-10% per halving at small's shapes). A cut is taken when it
+ * costs under 0.95 of the best before it. */
+static inline double cpu_cut_cost(int64_t items, int64_t f, int T) {
+    int halvings = f >= 8 ? 3 : f >= 4 ? 2 : f >= 2 ? 1 : 0;
+    return (double)((items * f + T - 1) / T) / (double)f * (1.0 + 0.1 * halvings);
+}
+
 /* kern_graph_replay marks its thread (+1 as it starts, -1 as it ends):
  * while it replays, the kernels it runs ask OpenBLAS nothing new (a
  * captured step allocates nothing), and cpu_replaying says so. */

@@ -127,23 +127,14 @@ out:
     return rc;
 }
 
-static bool cut_ok(int64_t rows, int64_t nk, int64_t d, int64_t ld, int64_t f, float scale) {
-    uint32_t sbits;
-    memcpy(&sbits, &scale, sizeof sbits);
-    const int64_t key[CPU_VERDICT_KEY] = { rows, nk, d, ld, f, (int64_t)sbits, 0, 0 };
-    int known = cpu_verdict_find(&cut_verdicts, key);
-    if (known >= 0) return known == 1;
-    if (cpu_replaying()) return false;
-    int r = cut_probe(rows, nk, d, ld, f, scale);
-    if (r < 0) return false;
-    return cpu_verdict_keep(&cut_verdicts, key, r == 1);
-}
+typedef struct {
+    int64_t rows, nk, d, ld, f;
+    float scale;
+} cut_key_t;
 
-/* Tile-times of `items` items cut f ways on T threads, each halving of a
- * block counted a tenth dearer (as the GEMM's tiles). */
-static double cut_cost(int64_t items, int64_t f, int T) {
-    int halvings = f >= 8 ? 3 : f >= 4 ? 2 : f >= 2 ? 1 : 0;
-    return (double)((items * f + T - 1) / T) / (double)f * (1.0 + 0.1 * halvings);
+static int cut_probe_fn(const void *ctx) {
+    const cut_key_t *k = ctx;
+    return cut_probe(k->rows, k->nk, k->d, k->ld, k->f, k->scale);
 }
 
 /* The cut (1, 2, 4 or 8) of j's whole-row blocks for a pool of T threads:
@@ -151,16 +142,21 @@ static double cut_cost(int64_t items, int64_t f, int T) {
  * multiple of the block), where OpenBLAS says the cut keeps the bits; 1 on
  * a pool of 2 or 3 (CPU_CUT_MIN_THREADS). */
 static int64_t cut_choose(const attn_job_t *j, int64_t nq, int64_t nk, int64_t d, int64_t ld, int T) {
-    if (T < CPU_CUT_MIN_THREADS || j->items >= 4 * (int64_t)T || nq % j->rows) return 1;
+    if (!cpu_cut_wanted(j->items, T) || nq % j->rows) return 1;
     int64_t pick = 1;
-    double pick_cost = cut_cost(j->items, 1, T);
+    double pick_cost = cpu_cut_cost(j->items, 1, T);
     for (int64_t f = 2; f <= 8; f *= 2) {
         const int64_t sub = j->rows / f;
         if (j->rows % f || sub < 64 || sub % 16) continue;
-        double c = cut_cost(j->items, f, T);
+        double c = cpu_cut_cost(j->items, f, T);
         if (c < pick_cost * 0.95) pick = f, pick_cost = c;
     }
-    return pick > 1 && cut_ok(j->rows, nk, d, ld, pick, j->a->scale) ? pick : 1;
+    if (pick == 1) return 1;
+    const cut_key_t k = { j->rows, nk, d, ld, pick, j->a->scale };
+    uint32_t sbits;
+    memcpy(&sbits, &k.scale, sizeof sbits);
+    const int64_t key[CPU_VERDICT_KEY] = { k.rows, nk, d, ld, pick, (int64_t)sbits, 0, 0 };
+    return cpu_verdict_ask(&cut_verdicts, key, cut_probe_fn, &k) ? pick : 1;
 }
 
 void kern_cpu_attention_cut_stats(uint64_t *runs, int *yes, int *no) {

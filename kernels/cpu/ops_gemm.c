@@ -138,42 +138,23 @@ out:
     return rc;
 }
 
-/* Whether k's cut is bitwise the whole tile: the kept answer, else (not
- * while a graph replays) OpenBLAS asked now. Unknown counts as no. */
-static bool split_ok(const split_key_t *k) {
-    int64_t key[CPU_VERDICT_KEY];
-    split_key(k, key);
-    int known = cpu_verdict_find(&split_verdicts, key);
-    if (known >= 0) return known == 1;
-    if (cpu_replaying()) return false;
-    int r = split_probe(k); /* outside the lock: two threads may ask the same, and get the same answer */
-    if (r < 0) return false;
-    return cpu_verdict_keep(&split_verdicts, key, r == 1);
-}
-
-/* Tile-times a job of `tiles` tiles cut f ways takes on T threads, with
- * each halving of a tile costing it a tenth more (each sub-tile packs its
- * operands again: measured 0-10% per halving at small's shapes). */
-static double split_cost(int64_t tiles, int f, int T) {
-    int halvings = f >= 8 ? 3 : f >= 4 ? 2 : f >= 2 ? 1 : 0;
-    return (double)((tiles * f + T - 1) / T) / f * (1.0 + 0.1 * halvings);
-}
+static int split_probe_fn(const void *k) { return split_probe(k); }
 
 /* Picks j->fr, j->fc for a pool of T threads: the cheapest split by
- * split_cost that OpenBLAS computes bitwise, sub-tiles at least 64 rows and
+ * cpu_cut_cost that OpenBLAS computes bitwise, sub-tiles at least 64 rows and
  * 32 columns, each a multiple of 16; 1, 1 when none beats the whole tiles,
  * and always on a pool of 2 or 3 (CPU_CUT_MIN_THREADS). */
 static void split_choose(gemm_job_t *j, int64_t tiles, int T) {
     static const int cand[][2] = { { 2, 1 }, { 1, 2 }, { 4, 1 }, { 2, 2 }, { 4, 2 }, { 2, 4 } };
     j->fr = j->fc = 1;
-    if (T < CPU_CUT_MIN_THREADS || tiles >= 4 * (int64_t)T || j->a->K < 1) return;
+    if (!cpu_cut_wanted(tiles, T) || j->a->K < 1) return;
     int pick = -1;
-    double pick_cost = split_cost(tiles, 1, T);
+    double pick_cost = cpu_cut_cost(tiles, 1, T);
     for (size_t c = 0; c < sizeof cand / sizeof cand[0]; c++) {
         const int fr = cand[c][0], fc = cand[c][1];
         const int64_t sm = j->t.tm / fr, sn = j->t.tn / fc;
         if (j->t.tm % fr || j->t.tn % fc || sm < 64 || sn < 32 || sm % 16 || sn % 16) continue;
-        double cost = split_cost(tiles, fr * fc, T);
+        double cost = cpu_cut_cost(tiles, fr * fc, T);
         if (cost < pick_cost * 0.95) pick = (int)c, pick_cost = cost;
     }
     if (pick < 0) return;
@@ -181,7 +162,9 @@ static void split_choose(gemm_job_t *j, int64_t tiles, int T) {
      * kernels (they sum a call of another shape alike, or not), so where
      * it says no the tiles stay whole. */
     const split_key_t k = { j->t.tm, j->t.tn, j->a->K, j->a->N, cand[pick][0], cand[pick][1], j->a->bias != NULL };
-    if (split_ok(&k)) {
+    int64_t key[CPU_VERDICT_KEY];
+    split_key(&k, key);
+    if (cpu_verdict_ask(&split_verdicts, key, split_probe_fn, &k)) {
         j->fr = cand[pick][0];
         j->fc = cand[pick][1];
     }
