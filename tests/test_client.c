@@ -29,6 +29,7 @@
  * (silent_ms 0 where no new boot answered) fails at once. */
 #include <check.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -40,6 +41,7 @@
 #include <unistd.h>
 
 #include "clients/c/client.h"
+#include "clients/c/client_int.h"
 #include "net/keys.h"
 #include "schema/msg.h"
 #include "tests/support.h"
@@ -409,6 +411,66 @@ static int boot_from_result(fake_t *f) {
     ck_assert_uint_eq(f->resends, 0);
     return DONE;
 }
+
+/* A GEN given no timeout (0) waits by its deadline, as the Python
+ * client's: at least 120 s, and its deadline_ms (0: the broker's 60 s) +
+ * 5 s when longer, so a long request is not given up on before the broker
+ * gives up on it. It used to wait 0 ms: a -1 "timeout" at once, for a
+ * request the broker went on to run. */
+typedef struct {
+    reel_client_t *c;
+    int rc;
+    wire_err_t err;
+} zero_wait_t;
+
+static void *zero_wait_main(void *p) {
+    zero_wait_t *z = p;
+    reel_gen_t g;
+    tiny_gen(&g);
+    g.deadline_ms = 300000;
+    float out[4 * 2 * 8 * 8];
+    reel_gen_result_t res;
+    z->rc = reel_gen(z->c, &g, out, &res, NULL, NULL, 0, &z->err);
+    return NULL;
+}
+
+START_TEST(test_a_gen_given_no_timeout_waits_by_its_deadline) {
+    ck_assert_int_eq(cli_gen_wait_ms(0, 0), 120000);
+    ck_assert_int_eq(cli_gen_wait_ms(-5, 0), 120000);
+    ck_assert_int_eq(cli_gen_wait_ms(0, 30000), 120000);
+    ck_assert_int_eq(cli_gen_wait_ms(0, 200000), 205000);
+    ck_assert_int_eq(cli_gen_wait_ms(0, UINT64_MAX - 1), INT_MAX);
+    ck_assert_int_eq(cli_gen_wait_ms(7, 900000), 7);
+
+    char dir[64], ep[128];
+    ts_mkdtemp(dir, sizeof dir, "test-client-zero");
+    snprintf(ep, sizeof ep, "ipc://%s/b", dir);
+    void *ctx = zmq_ctx_new(), *router = zmq_socket(ctx, ZMQ_ROUTER);
+    ck_assert_int_eq(wire_socket_limits(router), 0);
+    int tmo = 10000;
+    zmq_setsockopt(router, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    ck_assert_int_eq(zmq_bind(router, ep), 0);
+    zero_wait_t z = { 0 };
+    TS_NEW(z.c = reel_client_new(ep));
+    reel_client_set_liveness(z.c, 0); /* no STATUS: the GEN alone */
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, zero_wait_main, &z), 0);
+    wire_msg_t m;
+    wire_err_t e;
+    ck_assert_int_eq(msg_recv(router, true, 0, &m, &e), 0);
+    ck_assert_int_eq(msg_type(&m), MSG_GEN);
+    /* answered after the GEN came: the call is still waiting for it */
+    ck_assert_int_eq(msg_send(router, &m.identity, MSG_BUSY, m.id, &(msg_busy_t){ "full" }, NULL), 0);
+    wire_msg_close(&m);
+    pthread_join(th, NULL);
+    ck_assert_msg(z.rc == 1 && !strcmp(z.err.code, WIRE_E_BUSY), "reel_gen with timeout 0: rc %d, %s: %s", z.rc,
+                  z.err.code, z.err.message);
+    reel_client_destroy(&z.c);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+    ts_rmtree(dir);
+}
+END_TEST
 
 /* reel_gen that gives up (its timeout, no answer) sends CANCEL for its
  * GEN, with the GEN's id and client token (docs/PROTOCOL.md
@@ -1721,6 +1783,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_a_gen_goes_after_a_status_and_again_when_a_status_goes_unanswered);
     tcase_add_test(tc, test_a_gen_that_times_out_is_cancelled_and_an_answered_one_is_not);
+    tcase_add_test(tc, test_a_gen_given_no_timeout_waits_by_its_deadline);
     tcase_add_test(tc, test_a_sync_that_timed_out_never_reaches_a_broker_that_comes_back);
     tcase_add_test(tc, test_an_interrupted_gen_returns_interrupted_and_is_cancelled);
     tcase_add_test(tc, test_a_gen_goes_again_when_another_boot_answers_and_not_when_the_same_one_does);

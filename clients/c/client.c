@@ -3,6 +3,7 @@
 #include "client_int.h"
 #include "base/error.h"
 #include "net/keys.h"
+#include <limits.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdarg.h>
@@ -1076,6 +1077,13 @@ int cli_gen_take(const reel_gen_t *g, size_t nl, wire_msg_t *a, float *out, reel
     return 0;
 }
 
+int cli_gen_wait_ms(int timeout_ms, uint64_t deadline_ms) {
+    if (timeout_ms > 0) return timeout_ms;
+    uint64_t d = deadline_ms ? deadline_ms : 60000;
+    if (d > INT_MAX - 5000) return INT_MAX;
+    return d + 5000 < CLI_GEN_WAIT_MIN_MS ? CLI_GEN_WAIT_MIN_MS : (int)(d + 5000);
+}
+
 int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_t *res,
              reel_progress_fn progress, void *user, int timeout_ms, wire_err_t *err) {
     uint64_t id = cli_new_id(c);
@@ -1085,7 +1093,7 @@ int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_
     if (cli_gen_message(c, g, &m, t, &nl, err) != 0) return -1;
     wire_msg_t a;
     if (cli_call_begin(c, err) != 0) return -1;
-    int rc = call_live(c, MSG_GEN, id, &m, timeout_ms, progress, user, &a, err);
+    int rc = call_live(c, MSG_GEN, id, &m, cli_gen_wait_ms(timeout_ms, m.deadline_ms), progress, user, &a, err);
     /* Given up on: the broker stops it (docs/PROTOCOL.md "Cancelling")
      * rather than run it to its deadline for nobody. */
     if (rc < 0 && (!strcmp(err->code, WIRE_E_TIMEOUT) || !strcmp(err->code, REEL_CLIENT_E_INTERRUPTED)))

@@ -186,7 +186,8 @@ typedef void (*reel_progress_fn)(void *user, int step, int steps);
  * n·C·F·H·W floats, sample after sample. Returns 0 on RESULT;
  * 1 when the broker answered ERROR or BUSY (err->code "busy" for BUSY);
  * -1 when no answer came within timeout_ms or the transport failed (err
- * code "timeout" / "internal"). On "timeout" it sends CANCEL for the GEN
+ * code "timeout" / "internal"). timeout_ms <= 0 waits the larger of 120 s
+ * and g->deadline_ms (0: the broker's default, 60 s) + 5 s. On "timeout" it sends CANCEL for the GEN
  * (docs/PROTOCOL.md "Cancelling"): the cluster stops it rather than run
  * it to its deadline for nobody. */
 int reel_gen(reel_client_t *c, const reel_gen_t *g, float *out, reel_gen_result_t *res,
@@ -221,7 +222,8 @@ typedef void (*reel_gen_done_fn)(void *user, size_t index, reel_gen_item_t *item
 /* How reel_gen_many runs its round. */
 typedef struct {
     int window;                 /* at most this many in flight (sent, not answered), 1..1024; 0: 16 */
-    int timeout_ms;             /* each request's wait for its answer, from its own send; 0: 120000 */
+    int timeout_ms;             /* each request's wait for its answer, from its own send; 0: reel_gen's
+                                 * (the larger of 120 s and its deadline_ms, 0: 60 s, + 5 s) */
     bool keep_going;            /* a request's failure is its item's alone and the others go on (Python's
                                  * return_exceptions); false: the first failure ends the round */
     reel_progress_fn progress;  /* NULL, or (user, done, total) over all the requests (below) */

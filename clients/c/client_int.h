@@ -108,4 +108,11 @@ int cli_gen_take(const reel_gen_t *g, size_t nl, wire_msg_t *a, float *out, reel
  * is a late one no later wait takes. */
 void cli_cancel_gen(reel_client_t *c, uint64_t id);
 
+/* A GEN's wait for its answer, from its send: timeout_ms when > 0; else
+ * the larger of CLI_GEN_WAIT_MIN_MS and its deadline_ms (0: the broker's
+ * default, 60 s) + 5 s, as the Python client's, so a request given a long
+ * deadline is not given up on before the broker gives up on it. */
+#define CLI_GEN_WAIT_MIN_MS 120000
+int cli_gen_wait_ms(int timeout_ms, uint64_t deadline_ms);
+
 #endif

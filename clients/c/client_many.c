@@ -14,7 +14,6 @@
 
 #define WINDOW_DEFAULT 16
 #define WINDOW_MAX 1024
-#define TIMEOUT_DEFAULT_MS 120000
 
 /* A request's GEN, built once before anything is sent. */
 typedef struct {
@@ -22,6 +21,7 @@ typedef struct {
     wire_tensor_t t[3];         /* m's tensors (g's arrays) */
     size_t nl;                  /* its latent's floats */
     int of, done;               /* progress: its whole count (steps, + a decode's latent frames) and done so far */
+    int wait_ms;                /* its wait for its answer, from its own send */
 } req_t;
 
 /* The round. Invariants (round_invariants): n_fl <= limit <= window
@@ -33,7 +33,7 @@ typedef struct {
     reel_gen_item_t *items;
     size_t n;
     const reel_gen_many_t *o;
-    int window, timeout_ms, limit;
+    int window, limit;
     req_t *req;
     size_t *q, head;            /* the requests to send, in order: q[head..n); BUSY ones go back before head */
     size_t *held;               /* answered BUSY, to go again (first BUSY first) after another answer */
@@ -101,7 +101,7 @@ static size_t take_out(round_t *x, int k) {
 }
 
 /* Sends what the window has room for: the BUSY ones first, then those not
- * sent yet, each due timeout_ms after its own send. 0, or -1 with err and
+ * sent yet, each due its wait (cli_gen_wait_ms) after its own send. 0, or -1 with err and
  * *failed (the request whose GEN could not be sent by its timeout, told to
  * done; none when interrupted). */
 static int send_more(round_t *x, wire_err_t *err, size_t *failed) {
@@ -109,7 +109,7 @@ static int send_more(round_t *x, wire_err_t *err, size_t *failed) {
     x->n_held = 0;
     while (x->head < x->n && x->n_fl < x->limit) {
         size_t i = x->q[x->head];
-        int64_t due = cli_now_ms() + x->timeout_ms;
+        int64_t due = cli_now_ms() + x->req[i].wait_ms;
         if (!x->begun) { /* the first send: a STATUS before it (the broker's boot id) */
             if (cli_live_begin(x->c, &x->st, due, err) != 0) return -1;
             x->begun = true;
@@ -169,6 +169,7 @@ static int round_open(round_t *x, wire_err_t *err, size_t *failed) {
             return -1;
         }
         r->m.progress = x->o->progress != NULL;
+        r->wait_ms = cli_gen_wait_ms(x->o->timeout_ms, r->m.deadline_ms);
         r->of = (int)r->m.steps + (msg_gen_decodes(&r->m) ? (int)it->g.latent_shape[1] : 0);
         x->total += r->of;
         x->q[i] = i;
@@ -205,7 +206,7 @@ static int settle_late(round_t *x, size_t *failed) {
         size_t i = take_out(x, k);
         if (first == x->n_fl) first = k; /* it moved into k's place */
         reel_gen_item_t *it = &x->items[i];
-        cli_set_err(&it->err, WIRE_E_TIMEOUT, "no answer to requests[%zu] within %d ms%s", i, x->timeout_ms,
+        cli_set_err(&it->err, WIRE_E_TIMEOUT, "no answer to requests[%zu] within %d ms%s", i, x->req[i].wait_ms,
                     cli_handshake_hint(x->c));
         ended(x, i, NULL);
         if (!x->o->keep_going && was_first) {
@@ -253,8 +254,8 @@ int reel_gen_many(reel_client_t *c, reel_gen_item_t *items, size_t n, const reel
     static const reel_gen_many_t none;
     if (!o) o = &none;
     if (o->window < 0 || o->window > WINDOW_MAX || o->timeout_ms < 0) {
-        cli_set_err(err, WIRE_E_BAD_REQUEST, "reel_gen_many: window %d (1..%d; 0: %d) or timeout_ms %d (0: %d) "
-                    "out of range", o->window, WINDOW_MAX, WINDOW_DEFAULT, o->timeout_ms, TIMEOUT_DEFAULT_MS);
+        cli_set_err(err, WIRE_E_BAD_REQUEST, "reel_gen_many: window %d (1..%d; 0: %d) or timeout_ms %d (0: at least %d) "
+                    "out of range", o->window, WINDOW_MAX, WINDOW_DEFAULT, o->timeout_ms, CLI_GEN_WAIT_MIN_MS);
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
@@ -265,7 +266,6 @@ int reel_gen_many(reel_client_t *c, reel_gen_item_t *items, size_t n, const reel
     }
     round_t x = { .c = c, .items = items, .n = n, .o = o };
     x.window = o->window ? o->window : WINDOW_DEFAULT;
-    x.timeout_ms = o->timeout_ms ? o->timeout_ms : TIMEOUT_DEFAULT_MS;
     x.limit = x.window;
     if (n == 0) return 0;
     int rc = 0;
