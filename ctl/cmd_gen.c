@@ -64,12 +64,13 @@ typedef struct {
     const char *prompts;        /* --prompts FILE: one request per line (gen_prompts) */
     const char *out_dir;        /* --out-dir DIR: where their outputs go */
     int window;                 /* --window W: requests in flight at once (0: the client's 16) */
+    bool skip_existing;         /* --skip-existing: a line whose output is in DIR is not run again */
 } gen_opts_t;
 
 enum { O_BROKER = 1, O_MODEL, O_VERSION, O_CONTEXT, O_UNCOND, O_CFG, O_LATENT, O_SIZE, O_STEPS,
        O_SHIFT, O_SDE, O_ETA, O_SEED, O_OUT, O_TIMEOUT, O_DEADLINE, O_QUIET, O_CHANNELS, O_KEY, O_BKEY,
        O_TRAJ, O_LOGP, O_MEANS, O_N, O_SEEDS, O_SOLVER, O_PROMPT, O_NEG, O_OUTPUT, O_FRAME_NUM, O_BASE_SEED, O_CKPT_DIR, O_SAVE_FILE, O_TASK,
-       O_PROMPTS, O_OUT_DIR, O_WINDOW, O_LAST = O_WINDOW };
+       O_PROMPTS, O_OUT_DIR, O_WINDOW, O_SKIP_EXISTING, O_LAST = O_SKIP_EXISTING };
 
 /* "7,9,100" into seeds[]; the count, or -1 with an invalid error. */
 static int parse_seeds(const char *arg, uint64_t *seeds, int max) {
@@ -134,6 +135,7 @@ static int gen_option(gen_opts_t *o, int opt, const char *arg) {
     case O_PROMPTS: o->prompts = arg; return 0;
     case O_OUT_DIR: o->out_dir = arg; return 0;
     case O_WINDOW: return reel_parse_int(arg, 1, 1024, "--window", &o->window);
+    case O_SKIP_EXISTING: o->skip_existing = true; return 0;
     case O_TIMEOUT: return reel_parse_int(arg, 1, INT_MAX, "--timeout-ms", &o->timeout_ms);
     case O_DEADLINE: return reel_parse_u64(arg, 0, UINT64_MAX, "--deadline-ms", &g->deadline_ms);
     case O_CHANNELS: return reel_parse_int(arg, 1, INT_MAX, "--channels", &o->channels);
@@ -196,7 +198,7 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         { "ckpt_dir", required_argument, 0, O_CKPT_DIR }, { "save_file", required_argument, 0, O_SAVE_FILE },
         { "task", required_argument, 0, O_TASK },
         { "prompts", required_argument, 0, O_PROMPTS }, { "out-dir", required_argument, 0, O_OUT_DIR },
-        { "window", required_argument, 0, O_WINDOW },
+        { "window", required_argument, 0, O_WINDOW }, { "skip-existing", no_argument, 0, O_SKIP_EXISTING },
         { 0, 0, 0, 0 },
     };
     memset(o, 0, sizeof *o);
@@ -230,8 +232,9 @@ static int gen_parse(int argc, char **argv, gen_opts_t *o) {
         if (o->g.n || o->n_seeds)
             return reel_fail(REEL_E_INVALID, "--prompts runs one sample a line: --n and --seeds are for one --prompt "
                              "(each line's seed: --seed K + its line number - 1, or its JSON \"seed\")");
-    } else if (o->out_dir || o->window) {
-        return reel_fail(REEL_E_INVALID, "%s goes with --prompts FILE", o->out_dir ? "--out-dir" : "--window");
+    } else if (o->out_dir || o->window || o->skip_existing) {
+        return reel_fail(REEL_E_INVALID, "%s goes with --prompts FILE",
+                         o->out_dir ? "--out-dir" : o->window ? "--window" : "--skip-existing");
     }
     if (o->g.prompt || o->prompts) { /* a prompt alone samples as Wan2.1's generate.py does */
         const char *solver = ctl_wan_t2v_fill(o->g.solver != NULL, o->g.sde, &o->g.steps, &o->g.shift, &o->have_cfg,
@@ -549,6 +552,20 @@ static int round_path(const gen_opts_t *o, int line, int width, char *path) {
     return ctl_out_spares(path, "--prompts", o->prompts, (const char *)NULL);
 }
 
+/* Whether line `line`'s output is in DIR already: the file its gen writes
+ * last (the latent, NNNN.safetensors, or NNNN.mp4.safetensors beside a
+ * video), which appears whole or not at all (written to a temporary name,
+ * then renamed), so a round cut short leaves no line taken for done that
+ * is not. */
+static bool round_has_output(const gen_opts_t *o, int line, int width) {
+    bool video = o->g.output && !strcmp(o->g.output, "video");
+    char path[PATH_MAX], last[PATH_MAX + 16];
+    if (round_name(o, line, width, path) != 0) return false;
+    snprintf(last, sizeof last, "%s%s", path, video ? ".safetensors" : "");
+    struct stat st;
+    return stat(last, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 /* `gen --prompts FILE --out-dir DIR`: every line judged before anything is
  * sent (exit 2 for a bad one), then one round of GENs on one connection
  * (reel_gen_many, --window of them in flight), each output written as it
@@ -560,6 +577,8 @@ static int gen_round(gen_opts_t *o) {
     ctl_prompt_line_t *lines = NULL;
     size_t n = 0;
     if (ctl_prompt_lines(o->prompts, &lines, &n) != 0) return -1;
+    ctl_prompt_line_t *file_lines = lines, *run_lines = NULL; /* all the file's; those run (--skip-existing) */
+    size_t n_file = n, skipped = 0;
     reel_gen_item_t *items = calloc(n, sizeof *items);
     reel_decoded_t *dec = calloc(n, sizeof *dec);
     reel_rollout_t *ros = calloc(n, sizeof *ros);
@@ -584,6 +603,27 @@ static int gen_round(gen_opts_t *o) {
     if (mkdir(o->out_dir, 0777) != 0 && errno != EEXIST) {
         reel_fail_errno(REEL_E_IO, errno, "--out-dir %s", o->out_dir);
         goto done;
+    }
+    if (o->skip_existing) { /* the lines whose outputs are in DIR drop out: a round cut short, run again */
+        if (!(run_lines = malloc(n * sizeof *run_lines))) {
+            reel_fail(REEL_E_NOMEM, "out of memory for %zu requests", n);
+            goto done;
+        }
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (round_has_output(o, lines[i].line, width))
+                skipped++;
+            else
+                run_lines[k++] = lines[i]; /* (a view: file_lines owns the text) */
+        }
+        lines = run_lines;
+        n = k;
+        if (n == 0) {
+            fprintf(stderr, "reelctl: gen --prompts %s: %zu requests: every output is in %s already "
+                    "(--skip-existing): nothing to run\n", o->prompts, skipped, o->out_dir);
+            code = 0;
+            goto done;
+        }
     }
     if (gen_inputs(o) != 0) goto done; /* the latent's shape (nothing to read with --prompts) */
     bool rollout = o->rollout.want_trajectory || o->rollout.want_log_probs || o->rollout.want_means;
@@ -620,8 +660,9 @@ static int gen_round(gen_opts_t *o) {
     round_lines(items, lines, told, n, true, bad, sizeof bad);
     round_lines(items, lines, told, n, false, unrun, sizeof unrun);
     if (run.bar) fputc('\n', stderr);
-    fprintf(stderr, "reelctl: gen --prompts %s: %zu requests: %zu written to %s", o->prompts, n, run.written,
-            o->out_dir);
+    fprintf(stderr, "reelctl: gen --prompts %s: %zu requests: %zu written to %s", o->prompts, n + skipped,
+            run.written, o->out_dir);
+    if (skipped) fprintf(stderr, ", %zu skipped (their outputs were there: --skip-existing)", skipped);
     if (run.failed) fprintf(stderr, ", %zu failed (line%s %s)", run.failed, run.failed > 1 ? "s" : "", bad);
     if (unrun[0]) fprintf(stderr, ", %zu not run (cancelled or never sent: line%s %s)", n - run.written - run.failed,
                           n - run.written - run.failed > 1 ? "s" : "", unrun);
@@ -649,7 +690,8 @@ done:
     free(dec);
     free(ros);
     free(told);
-    ctl_prompt_lines_free(lines, n);
+    free(run_lines);
+    ctl_prompt_lines_free(file_lines, n_file);
     return code;
 }
 

@@ -240,14 +240,16 @@ static const usage_t usages[] = {
       "      (unipc, 50, 5, 5; --cfg 1 turns guidance and the negative prompt off); --out X.mp4 (or --output\n"
       "      video: written to OUT.mp4) asks the worker for the video, --output frames for\n"
       "      uint8 frames (written to OUT.frames.npy)\n"
-      "      --prompts FILE --out-dir DIR [--window W]: one request a line of FILE, in one round\n"
-      "      on one connection (W in flight, default 16), the other options shared; line N's\n"
-      "      output is DIR/NNNN.safetensors (--output video: DIR/NNNN.mp4, its latent beside it)\n"
-      "      written as it comes, its seed --seed K + N - 1; a line is a prompt, or a JSON object\n"
-      "      {\"prompt\": .., \"seed\": .., \"negative_prompt\": ..}; blank lines are skipped; a bad\n"
-      "      line stops it before anything is sent (exit 2); lines that fail are said with their\n"
-      "      number, the others go on (exit 1 unless every line's output was written); an output\n"
-      "      that cannot be written (a full disk) stops the round\n",
+      "      --prompts FILE --out-dir DIR [--window W] [--skip-existing]: one request a line\n"
+      "      of FILE, in one round on one connection (W in flight, default 16), the other\n"
+      "      options shared; line N's output is DIR/NNNN.safetensors (--output video:\n"
+      "      DIR/NNNN.mp4, its latent beside it) written as it comes, its seed --seed K + N - 1;\n"
+      "      a line is a prompt, or a JSON object {\"prompt\": .., \"seed\": .., \"negative_prompt\": ..};\n"
+      "      blank lines are skipped; a bad line stops it before anything is sent (exit 2);\n"
+      "      lines that fail are said with their number, the others go on (exit 1 unless every\n"
+      "      line's output was written); an output that cannot be written (a full disk) stops\n"
+      "      the round; --skip-existing runs only the lines whose output is not in DIR yet (a\n"
+      "      round cut short, run again)\n",
       "  --model NAME            the model the workers serve (--config: the same) (required)\n"
       "  --context C.safetensors tensor context [L,T] (required unless --prompt or --prompts)\n"
       "  --uncond U.safetensors  the unconditional context: turns guidance on (needs --cfg)\n"
@@ -278,7 +280,9 @@ static const usage_t usages[] = {
       "  --out-dir DIR           with --prompts: where line N's output goes, DIR/NNNN.* (made\n"
       "                          when missing; its parent must exist)\n"
       "  --window W              with --prompts: requests in flight at once, 1..1024 (default 16);\n"
-      "                          --timeout-ms is then each request's, from its own send\n" BROKER_OPTS, NULL },
+      "                          --timeout-ms is then each request's, from its own send\n"
+      "  --skip-existing         with --prompts: a line whose output is in DIR already is not\n"
+      "                          run again (its latent file, written last, whole or not at all)\n" BROKER_OPTS, NULL },
     { "sync",
       "  sync --version V (--weights W.safetensors | --upload W.safetensors) [--component C]\n"
       "      [--deadline-ms D] [--timeout-ms T]\n"

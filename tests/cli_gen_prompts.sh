@@ -7,7 +7,8 @@
 # `reelctl gen --prompt` of that line (and `reelctl run --prompt`) gives,
 # named by its line; videos as NNNN.mp4; lines that fail are said with
 # their line number and the exit status is 1; an output that cannot be
-# written ends the round; a bad file is refused with
+# written ends the round; --skip-existing runs only the lines whose output
+# is not there yet; a bad file is refused with
 # exit 2 before anything is sent (the broker's request counters do not
 # move, no folder is made); SIGINT cancels the round (exit 130). Every
 # wait is bounded; every process is killed on exit.
@@ -119,6 +120,46 @@ rc=$?
     grep -q "^reelctl: gen: stopped: line 1's output could not be written" "$D/full.err" &&
     ok "line 1's output not written: said, the round stopped there (lines 2-4 not run), exit 1" ||
     { bad "an output that cannot be written (exit $rc)"; show "$D/full.err"; }
+
+echo "== --skip-existing: a round cut short, run again, runs only the lines without their output"
+# the full disk's round left no file that counts as done: all 4 lines run
+# shellcheck disable=SC2086 # COMMON: words
+"$R" gen $COMMON --window 1 --skip-existing --prompts "$D/full4.txt" --out-dir "$D/full" 2>"$D/full2.err" &&
+    grep -q "^reelctl: gen --prompts $D/full4.txt: 4 requests: 4 written to $D/full$" "$D/full2.err" &&
+    ok "after the full disk: --skip-existing runs all 4 lines (the failed write left nothing taken for done)" ||
+    { bad "--skip-existing after the full disk"; ls -a "$D/full"; show "$D/full2.err"; }
+# line 3's output gone (the round of p.txt above wrote lines 1, 3, 4, 5):
+# only line 3 is sent (the broker answers one more request), its output
+# bitwise what it was, the others not rewritten (same inode)
+rm -f "$D/out/0003.safetensors"
+ino1=$(stat -c %i "$D/out/0001.safetensors")
+before=$(answered)
+# shellcheck disable=SC2086 # COMMON: words
+"$R" gen $COMMON --seed 5 --window 2 --skip-existing --prompts "$D/p.txt" --out-dir "$D/out" 2>"$D/skip.err"
+rc=$?
+after=$(answered)
+[ $rc = 0 ] && grep -q "^reelctl: gen --prompts $D/p.txt: 4 requests: 1 written to $D/out, 3 skipped (their outputs were there: --skip-existing)$" "$D/skip.err" &&
+    [ $((after - before)) = 1 ] && [ "$(stat -c %i "$D/out/0001.safetensors")" = "$ino1" ] &&
+    "$R" tensor diff "$D/out/0003.safetensors" "$D/one.3.safetensors" --name latent >/dev/null 2>&1 &&
+    ok "--skip-existing: only line 3 sent (1 request answered), bitwise its single gen; lines 1, 4, 5 untouched; exit 0" ||
+    { bad "--skip-existing (exit $rc, answered $before -> $after)"; show "$D/skip.err"; }
+before=$(answered)
+# shellcheck disable=SC2086 # COMMON: words
+"$R" gen $COMMON --seed 5 --skip-existing --prompts "$D/p.txt" --out-dir "$D/out" 2>"$D/skip2.err"
+rc=$?
+[ $rc = 0 ] && grep -q "4 requests: every output is in $D/out already (--skip-existing): nothing to run" "$D/skip2.err" &&
+    [ "$(answered)" = "$before" ] && ok "--skip-existing with every output there: nothing sent, exit 0" ||
+    { bad "--skip-existing, all there (exit $rc)"; show "$D/skip2.err"; }
+# a video's line is done by its latent, written after the .mp4
+rm -f "$D/vout/0002.mp4.safetensors"
+# shellcheck disable=SC2086
+"$R" gen $COMMON --seed 5 --output video --skip-existing --prompts "$D/v.txt" --out-dir "$D/vout" 2>"$D/vskip.err" &&
+    grep -q "2 requests: 1 written to $D/vout, 1 skipped" "$D/vskip.err" && [ -s "$D/vout/0002.mp4.safetensors" ] &&
+    ok "--skip-existing --output video: a line whose .mp4 is there but not its latent runs again" ||
+    { bad "--skip-existing with videos"; show "$D/vskip.err"; }
+"$R" gen $COMMON --prompt x --skip-existing --out "$D/x.safetensors" 2>"$D/bad.err"
+[ $? = 2 ] && grep -q -- "--skip-existing goes with --prompts FILE" "$D/bad.err" && ok "--skip-existing without --prompts: exit 2" ||
+    { bad "--skip-existing alone"; show "$D/bad.err"; }
 
 echo "== a bad file is refused before anything is sent (exit 2)"
 before=$(answered)
