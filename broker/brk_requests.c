@@ -718,12 +718,13 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
 }
 
 /* e as the client gets it: a code that is not one of docs/PROTOCOL.md's,
- * or `standby` (a broker's word: it would send a pair's client to the
- * other broker), is `internal`, the message naming the worker's code
+ * or `standby` or `shutdown` (a broker's words: they would send a pair's
+ * client to the other broker, or have a client wait for another broker),
+ * is `internal`, the message naming the worker's code
  * (printable bytes only) -- clients switch on the code, and the metrics'
  * outcome labels and the catalog's statuses stay the documented set. */
 static const msg_error_t *worker_error(const brk_worker_t *w, const msg_error_t *e, msg_error_t *out) {
-    if (wire_code_known(e->code) && strcmp(e->code, WIRE_E_STANDBY)) return e;
+    if (wire_code_known(e->code) && strcmp(e->code, WIRE_E_STANDBY) && strcmp(e->code, WIRE_E_SHUTDOWN)) return e;
     char code[sizeof e->code];
     size_t i = 0;
     for (; e->code[i] && i < sizeof code - 1; i++)
@@ -918,7 +919,16 @@ int64_t brk_req_next_deadline(const brk_t *b) {
     return t;
 }
 
-void brk_req_shutdown(brk_t *b) { brk_req_give_up(b, WIRE_E_INTERNAL, "broker shutting down"); }
+/* Stopping (SIGTERM, SIGINT): every request held is answered `shutdown`
+ * -- not a failure: the client libraries wait for the broker that comes
+ * back (a new boot id) and send it again there, as after a crash
+ * (docs/PROTOCOL.md "Delivery"); one stopped for good leaves them to
+ * their timeouts. Nothing goes to the catalog: the next broker records
+ * what it runs. */
+void brk_req_shutdown(brk_t *b) {
+    brk_req_give_up(b, WIRE_E_SHUTDOWN, "the broker is shutting down before it ran this request to its end: send it "
+                    "again to the broker that comes back (the client libraries do, until their timeout)");
+}
 
 void brk_req_give_up(brk_t *b, const char *code, const char *why) {
     while (b->reqs) {
@@ -926,7 +936,7 @@ void brk_req_give_up(brk_t *b, const char *code, const char *why) {
         if (r->state != REQ_ABANDONED) brk_error_to(b, false, CLIENT(r), r->client_id, code, "%s", why);
         /* a step-down's requests are in this catalog, as given up (a
          * shutdown's never were: the restarted broker runs them again) */
-        if (strcmp(code, WIRE_E_INTERNAL) && r->state != REQ_ABANDONED) /* (abandoned: recorded when answered) */
+        if (strcmp(code, WIRE_E_SHUTDOWN) && r->state != REQ_ABANDONED) /* (abandoned: recorded when answered) */
             record_failure(b, r, r->worker ? r->worker->route.name : NULL, code, why);
         if (r->state == REQ_QUEUED) queue_drop(b, r);
         req_free(b, r);

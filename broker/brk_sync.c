@@ -996,7 +996,10 @@ int64_t brk_sync_next_deadline(const brk_t *b) {
 }
 
 void brk_sync_shutdown(brk_t *b) {
-    brk_sync_give_up(b, WIRE_E_INTERNAL, "broker shutting down");
+    /* (its versions stay pending in the catalog: the broker that comes
+     * back resumes them, and a trainer's SYNC sent again attaches) */
+    brk_sync_give_up(b, WIRE_E_SHUTDOWN, "the broker is shutting down (send the SYNC again to the broker that comes "
+                     "back: it resumes the version)");
     for (int i = 0; i < b->n_cur; i++) {
         free_sync(&b->cur[i].sync);
         free_sync(&b->cur[i].base);
@@ -1010,12 +1013,12 @@ void brk_sync_give_up(brk_t *b, const char *code, const char *why) {
         for (int t = 0; t < s->n_trainers; t++)
             brk_send_error(b->clients, &s->trainers[t].ident, s->trainers[t].id, code,
                            "%s before sync %s v%llu completed", why, s->component, (unsigned long long)s->version);
-        if (s->sync) {
+        if (s->sync && strcmp(code, WIRE_E_SHUTDOWN)) {
             char reason[300];
             snprintf(reason, sizeof reason, "%s before any worker applied it", why);
             brk_cq_weight_state(b->cat, s->component, s->version, "failed", reason);
-            free_sync(&s->sync);
         }
+        free_sync(&s->sync);
         free(s->trainers);
         free(s->m);
         free(s);

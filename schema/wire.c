@@ -411,7 +411,7 @@ bool wire_code_known(const char *code) {
     static const char *const codes[] = { WIRE_E_MALFORMED, WIRE_E_TOO_LARGE,  WIRE_E_PROTO,       WIRE_E_UNKNOWN,
                                          WIRE_E_BAD_REQUEST, WIRE_E_BUSY,    WIRE_E_STALE,       WIRE_E_NO_WORKER,
                                          WIRE_E_WORKER_LOST, WIRE_E_TIMEOUT, WIRE_E_CANCELLED,   WIRE_E_STANDBY,
-                                         WIRE_E_INTERNAL,  WIRE_E_FORBIDDEN };
+                                         WIRE_E_INTERNAL,  WIRE_E_FORBIDDEN, WIRE_E_SHUTDOWN };
     for (size_t i = 0; code && i < sizeof codes / sizeof codes[0]; i++)
         if (!strcmp(code, codes[i])) return true;
     return false;

@@ -56,6 +56,7 @@ extern "C" {
 #define WIRE_E_TIMEOUT     "timeout"
 #define WIRE_E_CANCELLED   "cancelled"       /* its client sent CANCEL */
 #define WIRE_E_STANDBY     "standby"         /* the standby of a pair: ask the other broker */
+#define WIRE_E_SHUTDOWN    "shutdown"        /* the broker is stopping: send it again to the one that comes back */
 #define WIRE_E_INTERNAL    "internal"
 #define WIRE_E_FORBIDDEN   "forbidden"       /* the sender's key has a role that may not send it */
 

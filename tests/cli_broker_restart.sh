@@ -13,6 +13,8 @@
 #     the new broker runs it, and each gets its one RESULT, bitwise
 #     `reelctl run`; the catalog passes integrity_check.
 #   - A resend that names a live request with other fields is refused.
+#   - The broker stopped (SIGTERM) with GENs in flight and restarted:
+#     each is answered `shutdown`, sent again to the new broker, bitwise.
 # Usage: cli_broker_restart.sh BUILD
 set -u
 B="${1:-build}"
@@ -129,6 +131,48 @@ SIZE=
     bad "killed broker: $once answered once, $again resent"
 [ "$(/usr/bin/sqlite3 "$D/reel.db" "pragma integrity_check")" = ok ] && ok "killed broker: the catalog is intact" ||
     bad "catalog integrity"
+
+# 2b. a broker stopped (SIGTERM: a restart, a deploy) with GENs in flight
+#     answers each `shutdown`: the clients wait, send again to the broker
+#     that comes back, and each gets its one RESULT, bitwise. A client
+#     without liveness (REEL_CLIENT_LIVENESS_MS=0: no resends) gets the
+#     `shutdown` ERROR. The stopping broker records none of them; the new
+#     one records each it ran, once, ok.
+BP=$BROKER
+ok_before=$(/usr/bin/sqlite3 "$D/reel.db" "select count(*) from requests where status = 'ok'")
+SIZE=2x16x16
+gp=""
+for k in 2 3 4; do gen_bg $k $MID; gp="$gp $!"; done
+GEN_ENV=REEL_CLIENT_LIVENESS_MS=0
+gen_bg 1 $MID
+nolive=$!
+GEN_ENV=
+wait_inflight 1 || bad "the GENs run"
+kill -TERM "$BP"
+reap "$BP" 30 && ok "SIGTERM: the broker stopped (exit 0)" || { bad "SIGTERM: the broker's exit"; show "$D/broker2.log"; }
+reap "$nolive" 30
+rc=$?
+[ $rc != 0 ] && grep -q "shutdown: the broker is shutting down before it ran this request" "$D/g1.err" &&
+    ok "SIGTERM: a client without liveness gets ERROR shutdown (exit $rc)" || { bad "no-liveness client (exit $rc)"; show "$D/g1.err"; }
+cli_broker "$D/broker3.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$D/reel.db" --heartbeat-ms 3000 ||
+    { bad "the broker restarts after SIGTERM"; show "$D/broker3.log"; finish; }
+failed=0
+for p in $gp; do reap "$p" 120 || failed=$((failed + 1)); done
+[ $failed = 0 ] && ok "SIGTERM: the three GENs answered by the broker that came back" ||
+    { bad "SIGTERM: $failed GENs failed"; for k in 2 3 4; do show "$D/g$k.err"; done; }
+n=0; once=0
+for k in 2 3 4; do
+    same_as_run $k $MID && n=$((n + 1))
+    [ "$(grep -c "^reelctl: gen tiny" "$D/g$k.err")" = 1 ] && once=$((once + 1))
+done
+SIZE=
+[ $n = 3 ] && [ $once = 3 ] && ok "SIGTERM: each result bitwise reelctl run, one answer each" ||
+    bad "SIGTERM: $n of 3 bitwise, $once answered once"
+wait_sql "$D/reel.db" "select count(*) from requests where status = 'ok'" $((ok_before + 3)) 30
+[ "$(/usr/bin/sqlite3 "$D/reel.db" "select count(*) from requests where status <> 'ok'")" = 0 ] &&
+    [ "$(/usr/bin/sqlite3 "$D/reel.db" "select count(*) from requests where status = 'ok'")" = $((ok_before + 3)) ] &&
+    ok "SIGTERM: the catalog has the three, once each, ok (the stopping broker recorded no failure)" ||
+    { bad "SIGTERM: catalog rows"; /usr/bin/sqlite3 "$D/reel.db" "select id, status, error from requests" | tail -8; }
 
 # 3. a resend with other fields under a live id is refused
 $PY - "$D" <<'EOF' >"$D/py.out" 2>&1

@@ -331,6 +331,30 @@ static int new_boot(fake_t *f) {
     return DONE;
 }
 
+/* A broker that stops (SIGTERM: a restart, a deploy) answers the GEN
+ * `shutdown`: not an answer. The client waits on, and when the broker
+ * that comes back (another boot) answers its STATUS, sends the GEN again
+ * there; its RESULT is the call's. (reel_gen used to return the ERROR:
+ * every request in flight failed across a graceful restart.) */
+static int shutdown_answer(fake_t *f) {
+    uint64_t ping, id;
+    status_then_gen(f, &ping);
+    reply_status(f, ping, BOOT_A);
+    msg_error_t *e = calloc(1, sizeof *e);
+    snprintf(e->code, sizeof e->code, "%s", WIRE_E_SHUTDOWN);
+    snprintf(e->message, sizeof e->message, "the broker is shutting down");
+    ck_assert_int_eq(msg_send(f->router, &f->who, MSG_ERROR, f->gen_id, e, NULL), 0);
+    free(e);
+    ck_assert_msg(next(f, &id) == MSG_STATUS, "after `shutdown` the GEN went again before a broker answered");
+    reply_status(f, id, BOOT_B); /* the broker that came back */
+    ck_assert_int_eq(next(f, NULL), MSG_GEN);
+    if (silent_of(f, 0) > 0) return DISTURBED; /* the reply came after a liveness period */
+    finish_ok(f);
+    if (silence_from(f, 0)) return DISTURBED;
+    ck_assert_uint_eq(f->resends, 1);
+    return DONE;
+}
+
 /* A broker without a boot (older than resends) is never resent to on its
  * word: its answers keep the GEN where it is. */
 static int no_boot_broker(fake_t *f) {
@@ -643,6 +667,11 @@ END_TEST
 
 START_TEST(test_a_gen_goes_again_when_another_boot_answers_and_not_when_the_same_one_does) {
     run(new_boot, LIVENESS_MS, "new boot");
+}
+END_TEST
+
+START_TEST(test_a_gen_answered_shutdown_goes_again_to_the_broker_that_comes_back) {
+    run(shutdown_answer, LIVENESS_MS, "shutdown");
 }
 END_TEST
 
@@ -1788,6 +1817,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_an_interrupted_gen_returns_interrupted_and_is_cancelled);
     tcase_add_test(tc, test_a_gen_goes_again_when_another_boot_answers_and_not_when_the_same_one_does);
     tcase_add_test(tc, test_a_broker_without_a_boot_is_never_resent_to_on_its_word);
+    tcase_add_test(tc, test_a_gen_answered_shutdown_goes_again_to_the_broker_that_comes_back);
     tcase_add_test(tc, test_a_boot_learnt_only_after_a_silence_resends_once_more);
     tcase_add_test(tc, test_a_result_names_the_boot_the_next_call_starts_from);
     tcase_add_test(tc, test_liveness_0_sends_no_status_and_never_resends);

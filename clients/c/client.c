@@ -35,7 +35,8 @@ struct reel_client {
     int64_t retry_at;           /* when a call replaces its socket refused for good (0: not due) */
     int retry_ms;               /* ... the wait before the next such socket (backoff, per call) */
     bool refreshed;             /* the call's socket was replaced so: what it awaits goes again */
-    char hint[320];             /* what a timeout adds: why the broker never let this client in */
+    int64_t shut_at;            /* when, in this call, a broker answered `shutdown` (0: none) */
+    char hint[400];             /* what a timeout adds: why the broker never let this client in */
     char eps[MAX_BROKERS][256]; /* the endpoint list: a broker, or a standby pair */
     int n_eps, at;              /* ... and the one sock is connected to */
     reel_curve_t curve;         /* kept for the sockets of a switch (zeroed at destroy) */
@@ -215,6 +216,12 @@ const char *cli_handshake_hint(reel_client_t *c) {
         snprintf(c->hint, sizeof c->hint, "; the broker closed every handshake: it probably requires CURVE keys and "
                  "this client has none (set REEL_KEY and REEL_BROKER_KEY, or --key and --broker-key: "
                  "docs/SECURITY.md)");
+    if (c->in_call && c->shut_at) {
+        size_t at = strlen(c->hint);
+        snprintf(c->hint + at, sizeof c->hint - at, "; the broker said it was shutting down %lld ms ago and none has "
+                 "answered since (the request goes again to the one that comes back)",
+                 (long long)(cli_now_ms() - c->shut_at));
+    }
     return c->hint;
 }
 
@@ -296,6 +303,7 @@ static int sync_ended(reel_client_t *c, int rc) {
  * that cannot be replaced stays: the call then times out, saying why). */
 int cli_call_begin(reel_client_t *c, wire_err_t *err) {
     c->in_call = true;
+    c->shut_at = 0;
     c->retry_at = 0;
     c->retry_ms = RETRY_MIN_MS;
     c->refreshed = false;
@@ -646,15 +654,18 @@ static void standby_pause(int64_t end) {
     if (pause > 0) nanosleep(&(struct timespec){ 0, (long)pause * 1000000L }, NULL);
 }
 
-/* True when m is ERROR standby: the standby of a pair answered. */
-static bool is_standby(wire_msg_t *m) {
+/* True when m is ERROR with this code. */
+static bool is_error(wire_msg_t *m, const char *code) {
     if (msg_type(m) != MSG_ERROR) return false;
     msg_error_t *e = malloc(sizeof *e);
     wire_err_t why;
-    bool yes = e && msg_error_decode(m, e, &why) == 0 && !strcmp(e->code, WIRE_E_STANDBY);
+    bool yes = e && msg_error_decode(m, e, &why) == 0 && !strcmp(e->code, code);
     free(e);
     return yes;
 }
+
+/* True when m is ERROR standby: the standby of a pair answered. */
+static bool is_standby(wire_msg_t *m) { return is_error(m, WIRE_E_STANDBY); }
 
 /* The boot id in a STATUS_REPLY m, or in a RESULT m (the broker that
  * answered it sets it); 0: none, or unreadable. */
@@ -780,6 +791,20 @@ int cli_live_next(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, 
                 }
                 silent = -1;
                 goto again;
+            }
+            if (m->id != st->ping && is_error(m, WIRE_E_SHUTDOWN)) {
+                /* The broker is stopping (a restart, a deploy): not an
+                 * answer. It goes silent, or another boot answers the next
+                 * STATUS: the messages go again there, as after a crash
+                 * (docs/PROTOCOL.md "Delivery"). A pair's other broker is
+                 * asked at once. */
+                wire_msg_close(m);
+                if (!c->shut_at) c->shut_at = cli_now_ms();
+                if (c->n_eps > 1) {
+                    silent = 0;
+                    goto again;
+                }
+                continue;
             }
             if (m->id != st->ping) { /* an answer; a RESULT names the broker's boot id for the next call (a
                                       * restart between calls is then no cause to send a GEN again) */

@@ -1321,8 +1321,12 @@ class Client:
                 for rid in rids:
                     st["send"](rid, *sent[rid], deadline)
                 continue
-            except ReelTimeout:
+            except ReelTimeout as e:
                 if not self.liveness or time.monotonic() >= deadline:
+                    if st.get("shut_at") is not None:
+                        raise ReelTimeout(f"{e.message}; the broker said it was shutting down "
+                                          f"{time.monotonic() - st['shut_at']:.1f} s ago and none has answered since "
+                                          "(the request goes again to the one that comes back)", e.request_id) from None
                     raise
                 if not st["asked"]:  # silent for `liveness`: is it there?
                     st.update(ping=next(self._ids), asked=True, first=False, resent=False)
@@ -1331,19 +1335,31 @@ class Client:
                 st.update(asked=False, first=False)  # gone, or stuck
                 move = len(self._eps) > 1  # a standby pair: the other broker
             except ReelError as e:
-                if e.code != "standby" or e.request_id not in rids or len(self._eps) < 2:
+                if e.code == "shutdown" and e.request_id in rids and self.liveness:
+                    # The broker is stopping (a restart, a deploy): not an
+                    # answer. It goes silent, or another boot answers the
+                    # next STATUS: the GENs go again there, as after a crash
+                    # (docs/PROTOCOL.md "Delivery"). A pair's other broker
+                    # is asked at once.
+                    if st.get("shut_at") is None:
+                        st["shut_at"] = time.monotonic()
+                    if len(self._eps) < 2:
+                        continue
+                    move = True
+                elif e.code != "standby" or e.request_id not in rids or len(self._eps) < 2:
                     raise
-                # The standby of a pair: the other broker serves. After a
-                # round of standbys (a pair still choosing), a pause.
-                st["standbys"] += 1
-                if st["standbys"] % len(self._eps) == 0:
-                    pause = min(STANDBY_PAUSE, deadline - time.monotonic())
-                    if pause > 0:
-                        time.sleep(pause)
-                if time.monotonic() >= deadline:
-                    raise ReelTimeout(f"no answer from {self.broker} in time: every broker is the standby",
-                                      e.request_id)
-                move = True
+                else:
+                    # The standby of a pair: the other broker serves. After a
+                    # round of standbys (a pair still choosing), a pause.
+                    st["standbys"] += 1
+                    if st["standbys"] % len(self._eps) == 0:
+                        pause = min(STANDBY_PAUSE, deadline - time.monotonic())
+                        if pause > 0:
+                            time.sleep(pause)
+                    if time.monotonic() >= deadline:
+                        raise ReelTimeout(f"no answer from {self.broker} in time: every broker is the standby",
+                                          e.request_id)
+                    move = True
             if move:  # to the next broker of the list, a STATUS first (its boot id)
                 self._switch()
                 if self.liveness:

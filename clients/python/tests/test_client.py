@@ -71,10 +71,14 @@ class Cluster:
                                         *worker_flags], stdout=self.wlog, stderr=subprocess.STDOUT)
         self._wait_ready()
 
-    def restart_broker(self):
-        """SIGKILL the broker and start it again on the same endpoints and
-        catalog (a new boot id); returns at once, before workers rejoin."""
-        self.broker.kill()
+    def restart_broker(self, graceful=False):
+        """SIGKILL (graceful: SIGTERM) the broker and start it again on the
+        same endpoints and catalog (a new boot id); returns at once, before
+        workers rejoin."""
+        if graceful:
+            self.broker.terminate()
+        else:
+            self.broker.kill()
         self.broker.wait(30)
         self.broker = subprocess.Popen(self._broker_argv, stdout=self.blog, stderr=subprocess.STDOUT)
 
@@ -1764,6 +1768,72 @@ class BrokerRestartTests(unittest.TestCase):
             self.assertEqual(errors, [])
             self.assertGreaterEqual(out["resends"], 1, "the client sent its GEN again")
             self.assertTrue(np.array_equal(out["r"].latent, want.latent), "bitwise the undisturbed result")
+        finally:
+            if cl:
+                cl.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_gens_in_flight_when_the_broker_is_stopped_and_restarted_are_answered_by_the_new_one(self):
+        """SIGTERM (a restart, a deploy): the stopping broker answers the
+        GENs it holds ERROR shutdown, which is no answer to a client with
+        liveness: it waits, sends them again to the broker that comes back,
+        and gets one result each, bitwise (gen and gen_many). One without
+        liveness gets the ERROR (code "shutdown")."""
+        d = tempfile.mkdtemp(prefix="reel-py-bterm-")
+        cl = None
+        try:
+            w = os.path.join(d, "w.safetensors")
+            run(f"{BUILD}/reelctl", "weights", "init", "--config", "tiny", "--seed", "5", "--out", w)
+            cl = Cluster(d, w, worker_flags=("--streams", "1"))
+            reqs = [dict(model="tiny", context=rand((5, 32), k), latent_shape=(4, 2, 8, 8), steps=3000, seed=30 + k)
+                    for k in range(3)]
+            with cl.client(timeout=120) as c:
+                want = c.gen_many(reqs)
+            out, errors = {}, []
+
+            def one():
+                try:
+                    with cl.client(timeout=120, liveness=0.2) as c:
+                        kw = dict(reqs[0])
+                        out["r"] = c.gen(kw.pop("model"), **kw)
+                except Exception as e:  # reported below
+                    errors.append(e)
+
+            def many():
+                try:
+                    with cl.client(timeout=120, liveness=0.2) as c:
+                        out["many"] = c.gen_many(reqs[1:])
+                except Exception as e:  # reported below
+                    errors.append(e)
+
+            def bare():
+                try:
+                    with cl.client(timeout=120, liveness=0) as c:
+                        kw = dict(reqs[0])
+                        c.gen(kw.pop("model"), **kw)
+                except reel.ReelError as e:
+                    out["bare"] = e
+
+            ts = [threading.Thread(target=f) for f in (one, many, bare)]
+            for t in ts:
+                t.start()
+            with cl.client(timeout=10, liveness=0) as c:
+                end = time.monotonic() + 30
+                held = 0
+                while time.monotonic() < end and held < 4:  # all four GENs at the broker, running or queued
+                    st = c.status()
+                    held = sum(x.get("inflight", 0) for x in st["workers"]) + st.get("queue", 0)
+                    if held < 4:
+                        time.sleep(0.02)
+                self.assertEqual(held, 4, "the four GENs reached the broker")
+            cl.restart_broker(graceful=True)
+            for t in ts:
+                t.join(120)
+            self.assertEqual(errors, [])
+            self.assertEqual(getattr(out.get("bare"), "code", None), "shutdown", f"the bare client got {out.get('bare')!r}")
+            self.assertTrue(np.array_equal(out["r"].latent, want[0].latent), "gen: bitwise the undisturbed result")
+            for got, w_ in zip(out["many"], want[1:]):
+                self.assertTrue(np.array_equal(got.latent, w_.latent), "gen_many: bitwise the undisturbed results")
         finally:
             if cl:
                 cl.stop()
