@@ -1570,6 +1570,11 @@ static int publish_attempt(reel_client_t *c, const msg_sync_t *s, const char *pa
         st->silent_ms = -1;
         if (!st->refused) st->refused = cli_now_ms();
         rc = -1;
+    } else if (rc == 1 && c->liveness_ms && !strcmp(err->code, WIRE_E_SHUTDOWN)) {
+        st->lost = true; /* the broker is stopping: the attempt goes again to the one that comes back */
+        st->silent_ms = 0;
+        if (!c->shut_at) c->shut_at = cli_now_ms();
+        rc = -1;
     } else if (rc == 0 || rc == 1) {
         st->refused = 0;
     }

@@ -2145,6 +2145,9 @@ class Client:
                     continue
                 raise _BrokerLost(done, heard, acked=acked)  # that STATUS unanswered too: gone or stuck
             except ReelError as e:
+                if e.code == "shutdown" and self.liveness:
+                    # the broker is stopping: the upload goes again to the one that comes back
+                    raise _BrokerLost(done, heard, acked=acked)
                 if e.code != "standby" or len(self._eps) < 2:
                     raise
                 # the standby of a pair: the upload goes to the other broker
