@@ -875,8 +875,11 @@ void brk_req_timers(brk_t *b, int64_t now) {
             const char *solver = msg_gen_solver(&r->gen);
             bool named = strcmp(solver, "euler") != 0;
             bool text = r->needs & 1u << BRK_CAP_PROMPT, vae = r->needs & 1u << BRK_CAP_DECODE;
-            snprintf(why, sizeof why, "no live worker serves model %s at %s version >= %llu%s%s%s%s%s%s (waited %lld ms)",
-                     r->model, BRK_COMPONENT, (unsigned long long)r->required, named ? " with solver " : "",
+            char at[64] = ""; /* (no version asked before any sync: any) */
+            if (r->required)
+                snprintf(at, sizeof at, " at %s version >= %llu", BRK_COMPONENT, (unsigned long long)r->required);
+            snprintf(why, sizeof why, "no live worker serves model %s%s%s%s%s%s%s%s (waited %lld ms)",
+                     r->model, at, named ? " with solver " : "",
                      named && r->gen.sde ? "sde-" : "", named ? solver : "",
                      named ? " (a worker older than solvers runs Euler only, and one older than sde-unipc and "
                              "sde-dpm++ no SDE rollout on those grids)" : "",
