@@ -1,0 +1,804 @@
+/* test_cache_attack.c -- the capture cache (capture_cache/cache.h,
+ * docs/CAPTURE.md) under attack, on the CPU backend: what an attacker or
+ * an unlucky operator does that the other suites (test_capture_cache,
+ * test_capture_adversarial, test_cache_lifetimes) do not -- evictions,
+ * syncs and shutdowns landing while a replay or a capture is in progress
+ * on another thread, budgets that one graph cannot fit beside others,
+ * pinned inputs that change shape or buffer under a replay, weights that
+ * change under a graph, and every field of a key, down to the tinydit
+ * step's own keys. Every output is compared bit for bit with the plain
+ * step run once outside any cache (tests/synth_step.h).
+ *
+ * The step is synth_step's: y = latent + context; y += w · latent (w:
+ * component "wA"); latent copied, context pinnable. This suite's hooks add
+ * a gate kernel to every launch: recorded by a capture, it runs in every
+ * replay too, and while armed it holds the launch (eager or replayed) until
+ * the test releases it, so an eviction or a sync lands at a known point of
+ * a call on another thread. Waits are for events, each bounded. Teardown
+ * checks that no backend memory is left allocated. */
+#include <check.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/error.h"
+#include "capture_cache/cache.h"
+#include "capture_cache/key.h"
+#include "kernels/backend.h"
+#include "kernels/backend_impl.h" /* kern_stream_launch: the gate kernel */
+#include "model/tdit_program.h"
+#include "model/tinydit.h"
+#include "tests/support.h"
+#include "tests/synth_step.h"
+
+#define ROWS 8
+#define COLS 8
+#define N (ROWS * COLS)
+
+/* ---- the gate: a kernel that holds a launch while armed ---------------------- */
+
+typedef struct {
+    atomic_bool armed;     /* the next execution of the gate kernel holds */
+    atomic_int entered;    /* executions held so far */
+    atomic_bool released;  /* lets a held execution go on */
+} gate_t;
+
+static gate_t G;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Waits (yielding) until *flag is true, at most 20 s: false on time out. */
+static bool wait_true(atomic_bool *flag) {
+    double end = now_s() + 20;
+    while (!atomic_load(flag))
+        if (now_s() > end) return false;
+        else sched_yield();
+    return true;
+}
+
+static bool wait_at_least(atomic_int *v, int n) {
+    double end = now_s() + 20;
+    while (atomic_load(v) < n)
+        if (now_s() > end) return false;
+        else sched_yield();
+    return true;
+}
+
+typedef struct { gate_t *g; } gate_args_t;
+
+static int gate_kernel(void *ctx, const void *args) {
+    (void)ctx;
+    gate_t *g = ((const gate_args_t *)args)->g;
+    bool armed = true;
+    if (!atomic_compare_exchange_strong(&g->armed, &armed, false)) return 0;
+    atomic_fetch_add(&g->entered, 1);
+    if (!wait_true(&g->released)) return reel_fail(REEL_E_STATE, "gate: never released");
+    return 0;
+}
+
+/* ---- the step's hooks ------------------------------------------------------------ */
+
+typedef struct user user_t;
+struct user {
+    synth_user_t step;                  /* first: the step reads it at the user's address */
+    void (*on_capture)(user_t *u);      /* at a capturing launch (once: cleared before it runs) */
+    atomic_int capturing_launches;
+};
+_Static_assert(offsetof(user_t, step) == 0, "the step reads its synth_user_t at the user's address");
+
+static int hook_before_add(synth_user_t *su, const synth_launch_t *l) {
+    user_t *u = (user_t *)su;
+    if (kern_stream_is_capturing(l->s)) {
+        u->capturing_launches++;
+        void (*f)(user_t *) = u->on_capture;
+        u->on_capture = NULL;
+        if (f) f(u);
+    }
+    gate_args_t a = { &G };
+    return kern_stream_launch(l->s, gate_kernel, &a, sizeof a);
+}
+
+static const synth_hooks_t HOOKS = { .before_add = hook_before_add };
+
+static const cap_program_t PROG = {
+    .name = "attack", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
+    .ws_new = synth_ws_new, .ws_size = synth_ws_size, .ws_free = synth_ws_free, .ws_bytes = synth_ws_bytes,
+    .input = synth_input, .output = synth_output, .launch = synth_launch,
+    .n_components = 1, .components = { "wA" }, .weights = synth_weights,
+};
+
+/* ---- fixture ------------------------------------------------------------------------ */
+
+static kern_backend_t *B;
+static kern_stream_t *S;
+static cap_cache_t *C;
+static float *WA;
+static user_t U;
+static uint64_t rng;
+
+typedef struct {
+    cap_event_kind_t kind;
+    int reason;
+    uint64_t hash;
+    bool graph;
+    size_t bytes;
+} rec_t;
+#define MAX_REC 4096
+static rec_t recs[MAX_REC];
+static int n_recs;
+static pthread_mutex_t rec_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void on_event(void *user, const cap_event_t *ev) {
+    (void)user;
+    pthread_mutex_lock(&rec_mu);
+    if (n_recs < MAX_REC) recs[n_recs++] = (rec_t){ ev->kind, ev->reason, ev->key_hash, ev->graph, ev->bytes };
+    pthread_mutex_unlock(&rec_mu);
+}
+
+static void on_log(void *user, int level, const char *msg) {
+    (void)user;
+    (void)level;
+    (void)msg;
+}
+
+/* Events of kind (and reason, < 0: any) recorded so far. */
+static int count_recs(cap_event_kind_t kind, int reason) {
+    int n = 0;
+    pthread_mutex_lock(&rec_mu);
+    for (int i = 0; i < n_recs; i++)
+        if (recs[i].kind == kind && (reason < 0 || recs[i].reason == reason)) n++;
+    pthread_mutex_unlock(&rec_mu);
+    return n;
+}
+
+static void fill(float *p, size_t n) { synth_fill(&rng, p, n, -1.f, 1.f); }
+
+static void user_init(user_t *u, float *w) {
+    memset(u, 0, sizeof *u);
+    u->step = (synth_user_t){ .w = w, .hooks = &HOOKS };
+}
+
+static void setup(void) {
+    B = kern_backend_cpu_new();
+    ck_assert_msg(B != NULL, "cpu backend: %s", reel_err_text());
+    S = kern_stream_new(B);
+    ck_assert_msg(S != NULL, "stream: %s", reel_err_text());
+    C = NULL;
+    n_recs = 0;
+    rng = 0xa77ac4ull;
+    memset(&G, 0, sizeof G);
+    WA = kern_alloc(B, SYNTH_W * sizeof(float));
+    ck_assert_ptr_nonnull(WA);
+    fill(WA, SYNTH_W);
+    user_init(&U, WA);
+}
+
+static void teardown(void) {
+    atomic_store(&G.released, true); /* a failed test never leaves a launch held */
+    cap_cache_destroy(&C);
+    kern_free(B, WA);
+    kern_stream_destroy(&S);
+    ck_assert_msg(kern_bytes_in_use(B) == 0, "%zu backend bytes leaked", kern_bytes_in_use(B));
+    kern_backend_destroy(&B);
+}
+
+static cap_options_t opts(void) {
+    cap_options_t o = cap_options_default();
+    o.on_event = on_event;
+    o.log = on_log;
+    return o;
+}
+
+static cap_cache_t *new_cache(const cap_options_t *o) {
+    cap_cache_t *c = cap_cache_new(B, o);
+    ck_assert_msg(c != NULL, "cap_cache_new: %s", reel_err_text());
+    TS_OK(cap_component_register(c, "wA", WA, SYNTH_W * sizeof(float), 1));
+    return c;
+}
+
+static cap_stats_t stats(void) {
+    cap_stats_t st;
+    cap_cache_stats(C, &st);
+    return st;
+}
+
+/* captures - graph evictions is the graphs held, by the counters and by
+ * the events (docs/CAPTURE.md, "Decline reasons and events"). */
+static void expect_graph_accounting(const char *what) {
+    cap_stats_t st = stats();
+    ck_assert_msg(st.captures - cap_graph_evictions(&st, -1) == st.graphs,
+                  "%s: captures %llu - graph evictions %llu != graphs held %zu", what,
+                  (unsigned long long)st.captures, (unsigned long long)cap_graph_evictions(&st, -1), st.graphs);
+    int caps = count_recs(CAP_EV_CAPTURE, -1), graph_evicts = 0;
+    pthread_mutex_lock(&rec_mu);
+    for (int i = 0; i < n_recs; i++) graph_evicts += recs[i].kind == CAP_EV_EVICT && recs[i].graph;
+    pthread_mutex_unlock(&rec_mu);
+    ck_assert_msg((size_t)(caps - graph_evicts) == st.graphs, "%s: %d CAPTURE - %d graph EVICT events != %zu graphs",
+                  what, caps, graph_evicts, st.graphs);
+}
+
+/* ---- calls ---------------------------------------------------------------------------- */
+
+typedef struct {
+    const cap_program_t *prog;
+    user_t *u;
+    cap_key_t key;
+    float x[N], ctx[N], out[N];
+    kern_tensor_t in[2], out_t;
+} req_t;
+
+static void req_init(req_t *r, user_t *u, const char *model) {
+    memset(r, 0, sizeof *r);
+    r->prog = &PROG;
+    r->u = u;
+    r->key = synth_key(B, model, ROWS, COLS, "wA", 1);
+    fill(r->x, N);
+    fill(r->ctx, N);
+    r->in[0] = synth_host_tensor(r->x, ROWS, COLS);
+    r->in[1] = synth_host_tensor(r->ctx, ROWS, COLS);
+    r->out_t = synth_host_tensor(r->out, ROWS, COLS);
+}
+
+static int req_try_on(kern_stream_t *s, req_t *r, cap_result_t *res) {
+    cap_call_t call = { .key = &r->key, .inputs = r->in, .outputs = &r->out_t };
+    res->ran = (cap_ran_t)-1;
+    res->reason = CAP_DECLINE_COUNT;
+    memset(r->out, 0xff, sizeof r->out); /* NaN: a call that writes nothing shows */
+    return cap_dispatch(C, s, r->prog, r->u, &call, res);
+}
+
+static cap_result_t call_on(kern_stream_t *s, req_t *r) {
+    cap_result_t res;
+    ck_assert_msg(req_try_on(s, r, &res) == 0, "cap_dispatch: %s", reel_err_text());
+    return res;
+}
+static cap_result_t call(req_t *r) { return call_on(S, r); }
+
+static const char *ran_name(cap_ran_t r) {
+    return r == CAP_RAN_EAGER ? "eager" : r == CAP_RAN_CAPTURED ? "captured" : r == CAP_RAN_REPLAYED ? "replayed" : "?";
+}
+static void expect_ran(cap_result_t res, cap_ran_t want, const char *what) {
+    ck_assert_msg(res.ran == want, "%s: ran %s (reason %s), expected %s", what, ran_name(res.ran),
+                  res.ran == CAP_RAN_EAGER ? cap_reason_name(res.reason) : "-", ran_name(want));
+}
+static void expect_eager(cap_result_t res, cap_reason_t why, const char *what) {
+    ck_assert_msg(res.ran == CAP_RAN_EAGER && res.reason == why, "%s: ran %s (reason %s), expected eager (%s)", what,
+                  ran_name(res.ran), res.ran == CAP_RAN_EAGER ? cap_reason_name(res.reason) : "-",
+                  cap_reason_name(why));
+}
+
+/* r's output is bitwise the plain step on r's current inputs with weights w. */
+static void expect_bits_w(const req_t *r, const float *w, const char *what, int i) {
+    float x[N], c[N], want[N];
+    synth_gather(&r->in[0], x);
+    synth_gather(&r->in[1], c);
+    ck_assert_msg(synth_reference(w, S, &r->key, x, c, NULL, 0, want) == 0, "reference: %s", reel_err_text());
+    int64_t j = synth_first_diff(r->out, want, N);
+    ck_assert_msg(j < 0, "%s %d: element %lld is %.9g, the plain step gives %.9g", what, i, (long long)j,
+                  (double)r->out[j], (double)want[j]);
+}
+static void expect_bits(const req_t *r, const char *what, int i) { expect_bits_w(r, r->u->step.w, what, i); }
+
+/* Warmup (2 calls), capture, one replay; new latent values each call. */
+static void warm_capture_replay_on(kern_stream_t *s, req_t *r) {
+    for (int i = 0; i < 4; i++) {
+        fill(r->x, N);
+        cap_result_t res = call_on(s, r);
+        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "warmup");
+        else expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "warm, capture, replay");
+        expect_bits(r, "warm, capture, replay", i);
+    }
+}
+static void warm_capture_replay(req_t *r) { warm_capture_replay_on(S, r); }
+
+/* ---- a call held in its replay on another thread ------------------------------------ */
+
+typedef struct {
+    kern_stream_t *s;
+    req_t *r;
+    cap_result_t res;
+    int rc;
+    char err[256];
+} held_t;
+
+static void *held_main(void *arg) {
+    held_t *h = arg;
+    h->rc = req_try_on(h->s, h->r, &h->res);
+    if (h->rc != 0) snprintf(h->err, sizeof h->err, "%s", reel_err_text());
+    return NULL;
+}
+
+/* Starts r's next call on a thread and returns once its launch (a replay,
+ * for an entry READY) holds at the gate. */
+static void hold_call(pthread_t *t, held_t *h, kern_stream_t *s, req_t *r) {
+    memset(h, 0, sizeof *h);
+    h->s = s;
+    h->r = r;
+    atomic_store(&G.released, false);
+    int before = atomic_load(&G.entered);
+    atomic_store(&G.armed, true);
+    ck_assert_int_eq(pthread_create(t, NULL, held_main, h), 0);
+    ck_assert_msg(wait_at_least(&G.entered, before + 1), "the call never reached its gate");
+}
+
+static void release_call(pthread_t t, held_t *h) {
+    atomic_store(&G.released, true);
+    pthread_join(t, NULL);
+    ck_assert_msg(h->rc == 0, "the held call failed: %s", h->err);
+}
+
+/* ==== 1. evictions, syncs and shutdown landing in a replay ======================== */
+
+/* An explicit eviction of a key whose graph another thread is replaying
+ * (held mid-replay): the eviction is counted and told at once, the entry
+ * and its graph stay until that replay ends (never freed under it: ASan),
+ * the held call's result is the step's, and then nothing is left. A
+ * second eviction, an evict-all and a weight sync meanwhile find it
+ * evicted already and count it once. */
+START_TEST(test_an_eviction_landing_mid_replay_frees_the_graph_only_after_the_replay_ends) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "attack:midreplay");
+    warm_capture_replay(&r);
+    pthread_t t;
+    held_t h;
+    fill(r.x, N);
+    hold_call(&t, &h, S, &r);
+    ck_assert_int_eq(cap_evict_key(C, &r.key, CAP_EVICT_EXPLICIT), 1);
+    ck_assert_int_eq(cap_evict_key(C, &r.key, CAP_EVICT_EXPLICIT), 0);
+    ck_assert_int_eq(cap_cache_evict_all(C), 0);
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.entries, 1);        /* still held by the replay */
+    ck_assert_uint_eq(st.graphs, 1);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_EXPLICIT], 1);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_SHUTDOWN], 0);
+    ck_assert_int_eq(count_recs(CAP_EV_EVICT, CAP_EVICT_EXPLICIT), 1);
+    ck_assert(cap_cache_invariants(C));
+    release_call(t, &h);
+    expect_ran(h.res, CAP_RAN_REPLAYED, "the held replay");
+    expect_bits(&r, "the held replay", 0);
+    st = stats();
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_uint_eq(st.graphs, 0);
+    ck_assert_uint_eq(st.bytes_held, 0);
+    ck_assert_int_eq(count_recs(CAP_EV_EVICT, -1), 1);
+    expect_graph_accounting("evicted mid-replay");
+    /* the key starts over */
+    warm_capture_replay(&r);
+    expect_graph_accounting("after");
+}
+END_TEST
+
+/* A weight sync (evict policy) landing while another thread replays a
+ * graph that reads the component: the entry is evicted (weight_sync,
+ * once), the replay in progress finishes on the weights it started with,
+ * and the next call, under the new version, never replays the old graph:
+ * it warms up, captures and replays against the new weights, bitwise. */
+START_TEST(test_an_evicting_sync_landing_mid_replay_never_lets_the_old_graph_serve_the_new_version) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "attack:syncreplay");
+    warm_capture_replay(&r);
+    float *w2 = kern_alloc(B, SYNTH_W * sizeof(float));
+    ck_assert_ptr_nonnull(w2);
+    fill(w2, SYNTH_W);
+    pthread_t t;
+    held_t h;
+    fill(r.x, N);
+    hold_call(&t, &h, S, &r);
+    ck_assert_int_eq(cap_component_update(C, "wA", w2, SYNTH_W * sizeof(float), 2), 1);
+    ck_assert_uint_eq(stats().evictions[CAP_EVICT_WEIGHT_SYNC], 1);
+    release_call(t, &h);
+    expect_ran(h.res, CAP_RAN_REPLAYED, "the held replay");
+    expect_bits(&r, "the held replay (old weights)", 0);
+    ck_assert_uint_eq(stats().entries, 0);
+    U.step.w = w2;
+    ck_assert_int_eq(cap_key_set_version(&r.key, "wA", 2), 0);
+    warm_capture_replay(&r);
+    ck_assert_uint_eq(stats().captures, 2);
+    expect_graph_accounting("sync mid-replay");
+    cap_cache_destroy(&C);
+    kern_free(B, w2);
+}
+END_TEST
+
+/* ==== 2. syncs landing in a capture ================================================== */
+
+static float *g_sync_base;
+static uint64_t g_sync_to;
+static cap_policy_t g_sync_policy;
+static int g_sync_rc;
+
+static void *sync_main(void *a) {
+    (void)a;
+    g_sync_rc = cap_component_update_policy(C, "wA", g_sync_base, SYNTH_W * sizeof(float), g_sync_to, g_sync_policy);
+    return NULL;
+}
+
+/* Runs the sync on another thread (a capturing thread may not free). */
+static void sync_during_capture(user_t *u) {
+    (void)u;
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, sync_main, NULL), 0);
+    pthread_join(t, NULL);
+}
+
+/* An in-place sync (a LoRA merge: new values in the resident buffers)
+ * landing while a capture records: the graph may be published, but it
+ * must verify again on its next call -- under its new key -- before it
+ * replays; every result is the step's on the weights its call ran on. */
+START_TEST(test_an_inplace_sync_landing_mid_capture_makes_the_next_call_reverify_before_any_replay) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "attack:synccapture");
+    for (int i = 0; i < 2; i++) call(&r);
+    g_sync_base = WA;
+    g_sync_to = 2;
+    g_sync_policy = CAP_POLICY_INPLACE;
+    U.on_capture = sync_during_capture;
+    fill(r.x, N);
+    cap_result_t res = call(&r);
+    ck_assert_int_eq(g_sync_rc, 1);
+    ck_assert_int_eq(U.capturing_launches, 1);
+    expect_ran(res, CAP_RAN_CAPTURED, "the capturing call");
+    expect_bits(&r, "the capturing call", 0);
+    /* the new weights, in place, as the sync said */
+    fill(WA, SYNTH_W);
+    ck_assert_int_eq(cap_key_set_version(&r.key, "wA", 2), 0);
+    uint64_t reverifies = stats().reverifies;
+    fill(r.x, N);
+    res = call(&r);
+    expect_bits(&r, "first call after the sync", 0);
+    ck_assert_msg(stats().reverifies == reverifies + 1,
+                  "a graph captured across an in-place sync served a call without verifying again");
+    expect_ran(res, CAP_RAN_REPLAYED, "the re-verified call");
+    for (int i = 0; i < 4; i++) {
+        fill(r.x, N);
+        call(&r);
+        expect_bits(&r, "after the sync", i);
+    }
+    expect_graph_accounting("inplace sync mid-capture");
+}
+END_TEST
+
+/* The same with an evicting sync: the entry goes, the capture's graph is
+ * never published (no CAPTURE event), the call serves its eager result,
+ * and the key under the new version starts over. */
+START_TEST(test_an_evicting_sync_landing_mid_capture_publishes_nothing) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "attack:evictcapture");
+    for (int i = 0; i < 2; i++) call(&r);
+    g_sync_base = WA;
+    g_sync_to = 2;
+    g_sync_policy = CAP_POLICY_EVICT;
+    U.on_capture = sync_during_capture;
+    fill(r.x, N);
+    cap_result_t res = call(&r);
+    ck_assert_int_eq(g_sync_rc, 1);
+    expect_eager(res, CAP_DECLINE_WEIGHTS_MOVED, "the capturing call");
+    expect_bits(&r, "the capturing call", 0);
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.captures, 0);
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_int_eq(count_recs(CAP_EV_CAPTURE, -1), 0);
+    ck_assert_uint_eq(st.graphless_evictions[CAP_EVICT_WEIGHT_SYNC], 1);
+    ck_assert_int_eq(cap_key_set_version(&r.key, "wA", 2), 0);
+    warm_capture_replay(&r);
+    expect_graph_accounting("evicting sync mid-capture");
+}
+END_TEST
+
+/* ==== 3. outputs and pinned inputs the caller got wrong ============================== */
+
+/* A capturing call whose output has no data (NULL) while an input is read
+ * in place: the call fails with a message naming the output, touching no
+ * memory through the NULL (UBSan: no arithmetic on it), and the key's
+ * next good call is served bitwise. */
+START_TEST(test_an_output_without_data_is_refused_with_a_message_and_the_key_still_serves) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "attack:nulloutput");
+    for (int i = 0; i < 2; i++) call(&r);
+    kern_tensor_t good = r.out_t;
+    r.out_t.data = NULL;
+    cap_result_t res;
+    ck_assert_int_ne(req_try_on(S, &r, &res), 0);
+    ck_assert_msg(strstr(reel_err_text(), "output"), "error: %s", reel_err_text());
+    r.out_t = good;
+    for (int i = 0; i < 3; i++) {
+        fill(r.x, N);
+        call(&r);
+        expect_bits(&r, "after the refusal", i);
+    }
+    r.out_t.data = NULL;
+    ck_assert_int_ne(req_try_on(S, &r, &res), 0); /* a replaying call too */
+    r.out_t = good;
+    expect_graph_accounting("null output");
+}
+END_TEST
+
+/* A replay given its pinned input at another shape (same bytes) is
+ * refused, never reinterpreted; given it in another buffer it declines
+ * pinned_input_moved and reads the new buffer, never the old address; the
+ * key then serves every call bitwise. */
+START_TEST(test_a_pinned_input_of_another_shape_or_buffer_never_reaches_the_graph) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "attack:pinshape");
+    warm_capture_replay(&r);
+    kern_tensor_t pinned = r.in[1];
+    r.in[1] = synth_host_tensor(r.ctx, COLS, ROWS);
+    r.in[1].shape[0] = N / 2;
+    r.in[1].shape[1] = 2;
+    r.in[1].stride[0] = 2;
+    cap_result_t res;
+    ck_assert_int_ne(req_try_on(S, &r, &res), 0);
+    r.in[1] = pinned;
+    static float other[N];
+    memcpy(other, r.ctx, sizeof other);
+    other[5] += 1.0f;
+    r.in[1] = synth_host_tensor(other, ROWS, COLS);
+    expect_eager(call(&r), CAP_DECLINE_PINNED_INPUT_MOVED, "context in another buffer");
+    expect_bits(&r, "context in another buffer", 0);
+    for (int i = 0; i < 4; i++) {
+        fill(other, N);
+        fill(r.x, N);
+        call(&r);
+        expect_bits(&r, "context in its new buffer", i);
+    }
+    expect_graph_accounting("pinned input shape and buffer");
+}
+END_TEST
+
+/* ==== 4. the budget ==================================================================== */
+
+/* One entry's bytes and one graph's, measured on a scratch cache. */
+static void probe_sizes(size_t *entry, size_t *graph) {
+    cap_options_t o = opts();
+    o.on_event = NULL;
+    cap_cache_t *saved = C;
+    C = new_cache(&o);
+    static req_t r;
+    user_t pu;
+    user_init(&pu, WA);
+    req_init(&r, &pu, "attack:probe");
+    warm_capture_replay(&r);
+    cap_stats_t st = stats();
+    *entry = st.ws_bytes;
+    *graph = st.graph_bytes;
+    cap_cache_destroy(&C);
+    C = saved;
+    ck_assert_uint_gt(*entry, 0);
+    ck_assert_uint_gt(*graph, 0);
+}
+
+/* A budget of one byte: every call runs transient (budget_exceeded),
+ * bitwise, nothing is held, no capture or eviction is ever told. */
+START_TEST(test_a_one_byte_budget_serves_every_call_transient_and_holds_nothing) {
+    cap_options_t o = opts();
+    o.budget_bytes = 1;
+    o.warmup = 0;
+    C = new_cache(&o);
+    static req_t r;
+    req_init(&r, &U, "attack:onebyte");
+    size_t base = kern_bytes_in_use(B);
+    for (int i = 0; i < 5; i++) {
+        fill(r.x, N);
+        expect_eager(call(&r), CAP_DECLINE_BUDGET_EXCEEDED, "one byte");
+        expect_bits(&r, "one byte", i);
+        ck_assert_uint_eq(kern_bytes_in_use(B), base);
+    }
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.entries + st.graphs + st.bytes_held, 0);
+    ck_assert_uint_eq(st.declines[CAP_DECLINE_BUDGET_EXCEEDED], 5);
+    ck_assert_int_eq(count_recs(CAP_EV_CAPTURE, -1) + count_recs(CAP_EV_EVICT, -1), 0);
+    ck_assert_int_eq(count_recs(CAP_EV_DECLINE, CAP_DECLINE_BUDGET_EXCEEDED), 5);
+}
+END_TEST
+
+/* A budget that holds two entries and one graph: the first key's graph is
+ * held; a second key's workspace fits beside it but its graph only fits
+ * once the first key's entry goes -- the least recent, the one eviction
+ * made, told as a graph's -- so the budget always holds, and both keys
+ * stay bitwise as they take turns. */
+START_TEST(test_a_graph_that_cannot_fit_beside_others_evicts_only_what_makes_it_fit) {
+    size_t ent, g;
+    probe_sizes(&ent, &g);
+    cap_options_t o = opts();
+    o.budget_bytes = 2 * ent + g;
+    C = new_cache(&o);
+    static req_t a, b;
+    req_init(&a, &U, "attack:fit-a");
+    req_init(&b, &U, "attack:fit-b");
+    warm_capture_replay(&a);
+    for (int i = 0; i < 2; i++) call(&b); /* warm b beside a's graph */
+    ck_assert_uint_eq(stats().entries, 2);
+    fill(b.x, N);
+    expect_ran(call(&b), CAP_RAN_CAPTURED, "b captures by evicting a");
+    expect_bits(&b, "b", 0);
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_LRU], 1);
+    ck_assert_uint_le(st.bytes_held, o.budget_bytes);
+    ck_assert_uint_eq(st.graphs, 1);
+    pthread_mutex_lock(&rec_mu);
+    for (int i = 0; i < n_recs; i++)
+        if (recs[i].kind == CAP_EV_EVICT)
+            ck_assert_msg(recs[i].hash == cap_key_hash(&a.key) && recs[i].graph, "the eviction was not a's graph");
+    pthread_mutex_unlock(&rec_mu);
+    expect_graph_accounting("fit");
+    /* a starts over beside b's graph, and b keeps replaying meanwhile */
+    for (int i = 0; i < 6; i++) {
+        fill(a.x, N);
+        call(&a);
+        expect_bits(&a, "a again", i);
+        fill(b.x, N);
+        call(&b);
+        expect_bits(&b, "b beside a", i);
+        ck_assert_uint_le(stats().bytes_held, o.budget_bytes);
+    }
+    expect_graph_accounting("fit, both keys");
+}
+END_TEST
+
+
+/* ==== 5. keys: what a graph depends on ============================================== */
+
+/* Every field of a capture key enters its text and its hash: a key that
+ * differs from another in any one of them (any input's name, dtype, rank
+ * or any dim; a component's name or version; device, arch, model, loop,
+ * or any graph field) never finds the other's entry. */
+START_TEST(test_every_field_of_a_capture_key_changes_its_text_and_hash) {
+    cap_key_t base = synth_key(B, "attack:fields", ROWS, COLS, "wA", 1);
+    TS_OK(cap_key_add_component(&base, "wB", 7));
+    enum { NV = 24 };
+    char text[NV][CAP_KEY_TEXT_MAX];
+    uint64_t hash[NV];
+    for (int v = 0; v < NV; v++) {
+        cap_key_t k = base;
+        switch (v) {
+        case 0: break;
+        case 1: snprintf(k.device, sizeof k.device, "cpu1"); break;
+        case 2: snprintf(k.arch, sizeof k.arch, "cpu-x86"); break;
+        case 3: snprintf(k.model, sizeof k.model, "attack:fieldz"); break;
+        case 4: snprintf(k.loop, sizeof k.loop, "sde"); break;
+        case 5: snprintf(k.inputs[0].name, sizeof k.inputs[0].name, "latenT"); break;
+        case 6: k.inputs[0].dtype = KERN_BF16; break;
+        case 7: k.inputs[0].dtype = KERN_F16; break;
+        case 8: k.inputs[0].ndim = 3; k.inputs[0].shape[2] = 1; break;
+        case 9: k.inputs[0].shape[0] = ROWS + 1; break;
+        case 10: k.inputs[0].shape[1] = COLS - 1; break;
+        case 11: k.inputs[1].shape[0] = ROWS * 2; k.inputs[1].shape[1] = COLS / 2; break;
+        case 12: k.inputs[1].dtype = KERN_BF16; break;
+        case 13: k.n_inputs = 1; break;
+        case 14: k.components[0].version = 2; break;
+        case 15: k.components[1].version = 8; break;
+        case 16: snprintf(k.components[1].name, sizeof k.components[1].name, "wC"); break;
+        case 17: k.n_components = 1; break;
+        case 18: k.graph.dtype = KERN_BF16; break;
+        case 19: snprintf(k.graph.cfg, sizeof k.graph.cfg, "cond+uncond"); break;
+        case 20: snprintf(k.graph.expert, sizeof k.graph.expert, "low"); break;
+        case 21: snprintf(k.graph.sched, sizeof k.graph.sched, "f64"); break;
+        case 22: { /* the two inputs swapped: the program's order is part of the key */
+            cap_sig_t t = k.inputs[0];
+            k.inputs[0] = k.inputs[1];
+            k.inputs[1] = t;
+            snprintf(k.inputs[0].name, sizeof k.inputs[0].name, "latent");
+            snprintf(k.inputs[1].name, sizeof k.inputs[1].name, "context");
+            k.inputs[0].shape[0] = 4;
+            k.inputs[0].shape[1] = 16;
+            break;
+        }
+        case 23: k.inputs[0].ndim = 0; break;
+        }
+        ck_assert_msg(cap_key_text(&k, false, text[v], sizeof text[v]) > 0, "variant %d: %s", v, reel_err_text());
+        hash[v] = cap_key_hash(&k);
+        for (int u = 0; u < v; u++)
+            ck_assert_msg(strcmp(text[u], text[v]) && hash[u] != hash[v], "variants %d and %d share a key: %s", u, v,
+                          text[v]);
+    }
+}
+END_TEST
+
+/* Every step shape and loop the tinydit model runs (CFG or not, Euler,
+ * SDE, UniPC, DPM++ and SDE on their grids, a sample, a group or a mixed
+ * batch, any latent and context size) has a key of its own, and the
+ * workspace the cache makes from that key is the one for that very shape:
+ * a graph is never captured on a workspace of another step, nor replayed
+ * for a step it was not captured for. */
+START_TEST(test_every_tinydit_step_shape_and_loop_has_its_own_key_and_its_own_workspace) {
+    char dir[64], path[128];
+    ts_mkdtemp(dir, sizeof dir, "attack-keys");
+    snprintf(path, sizeof path, "%s/tiny.safetensors", dir);
+    ts_tiny_weights(3, path);
+    tdit_model_t *m = tdit_model_load_path(B, path, KERN_F32);
+    ck_assert_msg(m != NULL, "model: %s", reel_err_text());
+    enum { MAXK = 2048 };
+    static char texts[MAXK][CAP_KEY_TEXT_MAX];
+    int n = 0;
+    const tdit_solver_t sol[5][2] = { { TDIT_SOLVER_EULER, TDIT_SOLVER_EULER }, { TDIT_SOLVER_UNIPC, TDIT_SOLVER_EULER },
+                                      { TDIT_SOLVER_DPMPP, TDIT_SOLVER_EULER }, { TDIT_SOLVER_EULER, TDIT_SOLVER_UNIPC },
+                                      { TDIT_SOLVER_EULER, TDIT_SOLVER_DPMPP } };
+    const int64_t hw[2][2] = { { 4, 4 }, { 4, 6 } };
+    for (int cfg = 0; cfg < 2; cfg++)
+        for (int sde = 0; sde < 2; sde++)
+            for (int so = 0; so < 5; so++)
+                for (int64_t batch = 1; batch <= 4; batch *= 2)
+                    for (int mixed = 0; mixed < 2; mixed++)
+                        for (int64_t L = 3; L <= 5; L += 2)
+                            for (int64_t F = 1; F <= 2; F++)
+                                for (int h = 0; h < 2; h++) {
+                                    tdit_shape_t sh = { .frames = F, .height = hw[h][0], .width = hw[h][1],
+                                                        .text_len = L, .cfg = cfg, .batch = batch,
+                                                        .solver = sol[so][0], .mixed = mixed, .grid = sol[so][1] };
+                                    if (tdit_shape_validate(&sh) != 0) continue;
+                                    if (sde && tdit_solver_multistep(sh.solver)) continue; /* no such step */
+                                    cap_key_t k;
+                                    if (tdit_step_key(m, &sh, sde, 1, &k) != 0) continue;
+                                    ck_assert_int_lt(n, MAXK);
+                                    ck_assert_int_gt(cap_key_text(&k, false, texts[n], sizeof texts[n]), 0);
+                                    for (int u = 0; u < n; u++)
+                                        ck_assert_msg(strcmp(texts[u], texts[n]) != 0,
+                                                      "two steps share a key: %s", texts[n]);
+                                    const cap_program_t *p = tdit_solver_multistep(sh.solver) ? tdit_program_ms(cfg)
+                                                                                              : tdit_program(cfg, sde);
+                                    ck_assert_int_eq(p->ws_size(m, &k), tdit_ws_size(m, &sh));
+                                    void *ws = p->ws_new(m, &k, S);
+                                    ck_assert_msg(ws != NULL, "workspace of %s: %s", texts[n], reel_err_text());
+                                    ck_assert_msg(tdit_shape_equal(tdit_ws_shape(ws), &sh),
+                                                  "the workspace made from %s is another step's", texts[n]);
+                                    for (int i = 0; i < p->n_inputs; i++) {
+                                        const kern_tensor_t *slot = p->input(m, ws, i);
+                                        ck_assert_msg(i < k.n_inputs && slot->dtype == k.inputs[i].dtype &&
+                                                          slot->ndim == k.inputs[i].ndim &&
+                                                          !memcmp(slot->shape, k.inputs[i].shape,
+                                                                  (size_t)slot->ndim * sizeof slot->shape[0]),
+                                                      "%s: input %d's slot is not what the key declares", texts[n], i);
+                                    }
+                                    p->ws_free(m, ws);
+                                    n++;
+                                }
+    ck_assert_int_gt(n, 100);
+    tdit_model_destroy(&m);
+    ts_rmtree(dir);
+}
+END_TEST
+
+/* ==== the suite ============================================================================ */
+
+static Suite *suite(void) {
+    Suite *s = suite_create("cache_attack");
+    TCase *tc = tcase_create("attack");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_an_eviction_landing_mid_replay_frees_the_graph_only_after_the_replay_ends);
+    tcase_add_test(tc, test_an_evicting_sync_landing_mid_replay_never_lets_the_old_graph_serve_the_new_version);
+    tcase_add_test(tc, test_an_inplace_sync_landing_mid_capture_makes_the_next_call_reverify_before_any_replay);
+    tcase_add_test(tc, test_an_evicting_sync_landing_mid_capture_publishes_nothing);
+    tcase_add_test(tc, test_an_output_without_data_is_refused_with_a_message_and_the_key_still_serves);
+    tcase_add_test(tc, test_a_pinned_input_of_another_shape_or_buffer_never_reaches_the_graph);
+    tcase_add_test(tc, test_a_one_byte_budget_serves_every_call_transient_and_holds_nothing);
+    tcase_add_test(tc, test_a_graph_that_cannot_fit_beside_others_evicts_only_what_makes_it_fit);
+    tcase_add_test(tc, test_every_field_of_a_capture_key_changes_its_text_and_hash);
+    tcase_add_test(tc, test_every_tinydit_step_shape_and_loop_has_its_own_key_and_its_own_workspace);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return ts_run(suite()); }
