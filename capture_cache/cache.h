@@ -20,10 +20,11 @@
  * again on its next call, copying it from then on.
  *
  * Weights: at capture the cache records the identity (address, bytes,
- * dtype, component) of every weight buffer the program reports through
- * weights(); before every replay it asks again and compares. Any difference
- * (weights freed, moved or re-laid-out without a versioned update) declines
- * weights_moved and drops the graph: no replay reads a freed weight.
+ * dtype, layout, component) of every weight buffer the program reports
+ * through weights(); before every replay it asks again and compares. Any
+ * difference (weights freed, moved or re-laid-out without a versioned
+ * update) declines weights_moved and drops the graph: no replay reads a
+ * freed weight, or a weight through a layout it no longer has.
  *
  * Entries: an entry (one per key, stream and user) owns its workspace,
  * including the kernels' scratch memory, so any mix of shapes on a stream
@@ -213,13 +214,23 @@ typedef struct {
     union { int64_t i; double f; } v;
 } cap_const_t;
 
-/* The identity of one weight buffer a step reads: checked on every replay. */
+/* The identity of one weight buffer a step reads: checked on every replay.
+ * A kernel reads a weight through its layout as well as its address, and a
+ * capture bakes both, so a weight re-laid-out in place (the same address,
+ * bytes and dtype, another shape or strides: transposed, say) is a weight
+ * the graph no longer reads as eager would: layout tells it apart. */
 typedef struct {
     const void *addr;           /* first byte read */
     size_t bytes;
     kern_dtype_t dtype;
     int component;              /* index into the program's components[] */
+    uint64_t layout;            /* its rank, shape and strides (cap_weight_of); 0: not told,
+                                 * and then a re-layout at the same address goes unseen */
 } cap_weight_t;
+
+/* The identity of weight tensor t, read by the program's component
+ * `component`: its first byte, bytes, dtype and layout. Can't fail. */
+cap_weight_t cap_weight_of(const kern_tensor_t *t, int component);
 
 /* The capturable step. Slots are tensors inside the workspace that the
  * step reads its inputs from; the cache redirects a slot to the caller's

@@ -303,8 +303,21 @@ int cap_weights_record(entry_t *e) {
     return 0;
 }
 
-/* True while every weight buffer the graph read is still where, as large
- * and of the dtype it was at capture (and no buffer was added). */
+cap_weight_t cap_weight_of(const kern_tensor_t *t, int component) {
+    /* Rank, shape and strides mixed word by word (a model lists every
+     * tensor on every replay: a few multiplies each); never 0. */
+    const int nd = t->ndim < 0 ? 0 : t->ndim > KERN_MAX_DIMS ? KERN_MAX_DIMS : t->ndim;
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)t->ndim;
+    for (int d = 0; d < 2 * nd; d++) {
+        h = (h ^ (uint64_t)(d < nd ? t->shape[d] : t->stride[d - nd])) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+    }
+    return (cap_weight_t){ kern_tensor_ptr(t), kern_tensor_bytes(t), t->dtype, component, h ? h : 1 };
+}
+
+/* True while every weight buffer the graph read is still where, as large,
+ * of the dtype and laid out as it was at capture (and no buffer was
+ * added). */
 bool cap_weights_same(const cap_cache_t *c, entry_t *e) {
     const cap_program_t *p = &e->prog;
     if (!p->weights || !c->opt.check_weights) return true;
@@ -313,7 +326,8 @@ bool cap_weights_same(const cap_cache_t *c, entry_t *e) {
     if (n != e->n_wid) return false;
     for (int i = 0; i < n; i++) {
         const cap_weight_t *a = &e->wid[i], *b = &e->wid_now[i];
-        if (a->addr != b->addr || a->bytes != b->bytes || a->dtype != b->dtype || a->component != b->component)
+        if (a->addr != b->addr || a->bytes != b->bytes || a->dtype != b->dtype || a->component != b->component ||
+            a->layout != b->layout)
             return false;
     }
     return true;

@@ -44,13 +44,14 @@ static size_t ws_size(void *user, const cap_key_t *key) {
     return key_shape(key, &sh) == 0 ? tdit_ws_size(user, &sh) : 0;
 }
 
-/* Every weight tensor of the model as it is now: what a graph baked in. */
+/* Every weight tensor of the model as it is now (address, size, dtype and
+ * layout): what a graph baked in. */
 static int weights(void *user, cap_weight_t *out, int max) {
     const tdit_model_t *m = user;
     int n = tdit_model_n_tensors(m);
     for (int i = 0; i < n && i < max; i++) {
         const kern_tensor_t *t = tdit_model_tensor(m, i);
-        out[i] = (cap_weight_t){ kern_tensor_ptr(t), kern_tensor_bytes(t), t->dtype, 0 };
+        out[i] = cap_weight_of(t, 0);
     }
     return n;
 }

@@ -104,7 +104,7 @@ int synth_weights(void *user, cap_weight_t *out, int max) {
     synth_user_t *u = user;
     const synth_hooks_t *h = hooks_of(u);
     if (h && h->weights && h->weights(u) != 0) return -1;
-    if (max >= 1) out[0] = (cap_weight_t){ u->w, SYNTH_W * sizeof(float), KERN_F32, 0 };
+    if (max >= 1) out[0] = (cap_weight_t){ .addr = u->w, .bytes = SYNTH_W * sizeof(float), .dtype = KERN_F32, .component = 0 };
     return 1;
 }
 

@@ -780,6 +780,153 @@ START_TEST(test_every_tinydit_step_shape_and_loop_has_its_own_key_and_its_own_wo
 }
 END_TEST
 
+/* ==== 6. weights re-laid-out under a graph ============================================ */
+
+/* A step that reads a weight matrix through its layout: y = W·x with W a
+ * [MV, MV] tensor the user holds, its shape and strides read when the
+ * step launches (as every kernel reads its operands' layout), baked into
+ * the argument block a capture records. */
+#define MV 8
+
+typedef struct {
+    kern_tensor_t w;            /* the weight, in backend memory; its layout may change */
+} mv_user_t;
+
+typedef struct {
+    kern_backend_t *b;
+    kern_tensor_t x, y;
+} mv_ws_t;
+
+typedef struct {
+    const float *w, *x;
+    float *y;
+    int64_t rows, cols, s0, s1;
+} mv_args_t;
+
+static int mv_kernel(void *ctx, const void *args) {
+    (void)ctx;
+    const mv_args_t *a = args;
+    for (int64_t i = 0; i < a->rows; i++) {
+        float acc = 0;
+        for (int64_t j = 0; j < a->cols; j++) acc += a->w[i * a->s0 + j * a->s1] * a->x[j];
+        a->y[i] = acc;
+    }
+    return 0;
+}
+
+static void *mv_ws_new(void *user, const cap_key_t *key, kern_stream_t *s) {
+    (void)user;
+    (void)key;
+    mv_ws_t *ws = calloc(1, sizeof *ws);
+    if (!ws) return NULL;
+    ws->b = kern_stream_backend(s);
+    int64_t n = MV;
+    ws->x = kern_tensor_alloc(ws->b, KERN_F32, 1, &n);
+    ws->y = kern_tensor_alloc(ws->b, KERN_F32, 1, &n);
+    return ws;
+}
+
+static void mv_ws_free(void *user, void *ws_) {
+    (void)user;
+    mv_ws_t *ws = ws_;
+    kern_free(ws->b, ws->x.data);
+    kern_free(ws->b, ws->y.data);
+    free(ws);
+}
+
+static size_t mv_ws_bytes(void *user, const void *ws) {
+    (void)user;
+    (void)ws;
+    return 2 * MV * sizeof(float);
+}
+
+static kern_tensor_t *mv_input(void *user, void *ws, int i) {
+    (void)user;
+    (void)i;
+    return &((mv_ws_t *)ws)->x;
+}
+
+static kern_tensor_t *mv_output(void *user, void *ws, int i) {
+    (void)user;
+    (void)i;
+    return &((mv_ws_t *)ws)->y;
+}
+
+static int mv_launch(void *user, void *ws_, const cap_const_t *k, int n, kern_stream_t *s) {
+    (void)k;
+    (void)n;
+    const mv_user_t *u = user;
+    mv_ws_t *ws = ws_;
+    mv_args_t a = { kern_tensor_ptr(&u->w), kern_tensor_ptr(&ws->x), kern_tensor_ptr(&ws->y), u->w.shape[0],
+                    u->w.shape[1], u->w.stride[0], u->w.stride[1] };
+    return kern_stream_launch(s, mv_kernel, &a, sizeof a);
+}
+
+static int mv_weights(void *user, cap_weight_t *out, int max) {
+    const mv_user_t *u = user;
+    if (max >= 1) out[0] = cap_weight_of(&u->w, 0);
+    return 1;
+}
+
+static const cap_program_t MV_PROG = {
+    .name = "matvec", .n_inputs = 1, .n_outputs = 1, .pinnable = { false },
+    .ws_new = mv_ws_new, .ws_free = mv_ws_free, .ws_bytes = mv_ws_bytes, .input = mv_input, .output = mv_output,
+    .launch = mv_launch, .n_components = 1, .components = { "wA" }, .weights = mv_weights,
+};
+
+/* A weight re-laid-out in place without a versioned update -- the same
+ * address, bytes and dtype, another layout (here transposed: a framework
+ * switching a matrix to the layout another kernel prefers) -- is a weight
+ * the graph no longer reads as eager does: the replay must decline
+ * weights_moved and the call give what eager gives on the new layout
+ * (cache.h: "weights freed, moved or re-laid-out"), never the old
+ * layout's product. */
+START_TEST(test_a_weight_re_laid_out_at_the_same_address_declines_weights_moved_never_replays_the_old_layout) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    mv_user_t u;
+    int64_t wshape[2] = { MV, MV };
+    u.w = kern_tensor_alloc(B, KERN_F32, 2, wshape);
+    ck_assert_ptr_nonnull(u.w.data);
+    fill(u.w.data, MV * MV);
+    cap_key_t key;
+    memset(&key, 0, sizeof key);
+    snprintf(key.device, sizeof key.device, "%s", kern_backend_device_name(B));
+    snprintf(key.arch, sizeof key.arch, "%s", kern_backend_arch(B));
+    snprintf(key.model, sizeof key.model, "attack:matvec");
+    snprintf(key.loop, sizeof key.loop, "euler");
+    int64_t n = MV;
+    TS_OK(cap_key_add_input(&key, "latent", KERN_F32, 1, &n));
+    TS_OK(cap_key_add_component(&key, "wA", 1));
+    key.graph.dtype = KERN_F32;
+    snprintf(key.graph.cfg, sizeof key.graph.cfg, "cond");
+    snprintf(key.graph.expert, sizeof key.graph.expert, "-");
+    snprintf(key.graph.sched, sizeof key.graph.sched, "f32");
+    float x[MV], y[MV], want[MV];
+    kern_tensor_t in = kern_tensor_make(x, KERN_F32, KERN_DEVICE_HOST, 1, &n);
+    kern_tensor_t out = kern_tensor_make(y, KERN_F32, KERN_DEVICE_HOST, 1, &n);
+    cap_call_t c = { .key = &key, .inputs = &in, .outputs = &out };
+    for (int i = 0; i < 8; i++) {
+        if (i == 4) { /* transposed in place: the same bytes read the other way */
+            u.w.stride[0] = 1;
+            u.w.stride[1] = MV;
+        }
+        fill(x, MV);
+        cap_result_t res;
+        TS_OK(cap_dispatch(C, S, &MV_PROG, &u, &c, &res));
+        mv_args_t a = { kern_tensor_ptr(&u.w), x, want, MV, MV, u.w.stride[0], u.w.stride[1] };
+        ck_assert_int_eq(mv_kernel(NULL, &a), 0);
+        ck_assert_msg(synth_first_diff(y, want, MV) < 0, "call %d (ran %s): y is not W·x for W as it is laid out now",
+                      i, ran_name(res.ran));
+        if (i == 4) expect_eager(res, CAP_DECLINE_WEIGHTS_MOVED, "the first call after the re-layout");
+    }
+    ck_assert_uint_eq(stats().captures, 2); /* again, on the new layout */
+    expect_graph_accounting("re-laid-out weight");
+    cap_cache_destroy(&C);
+    kern_free(B, u.w.data);
+}
+END_TEST
+
 /* ==== the suite ============================================================================ */
 
 static Suite *suite(void) {
@@ -797,6 +944,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_a_graph_that_cannot_fit_beside_others_evicts_only_what_makes_it_fit);
     tcase_add_test(tc, test_every_field_of_a_capture_key_changes_its_text_and_hash);
     tcase_add_test(tc, test_every_tinydit_step_shape_and_loop_has_its_own_key_and_its_own_workspace);
+    tcase_add_test(tc, test_a_weight_re_laid_out_at_the_same_address_declines_weights_moved_never_replays_the_old_layout);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -3240,7 +3240,7 @@ END_TEST
 
 static int weights_bad_component(void *user, cap_weight_t *out, int max) {
     synth_user_t *u = user;
-    if (max >= 1) out[0] = (cap_weight_t){ u->w, SYNTH_W * sizeof(float), KERN_F32, 5 };
+    if (max >= 1) out[0] = (cap_weight_t){ .addr = u->w, .bytes = SYNTH_W * sizeof(float), .dtype = KERN_F32, .component = 5 };
     return 1;
 }
 
