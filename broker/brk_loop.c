@@ -222,9 +222,16 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
     case MSG_HEARTBEAT: { /* "incoming": a large message from it follows, and nothing else of its until it has */
         uint64_t in = msg_heartbeat_incoming(m);
         if (in > 0) {
+            /* Counted from now, never added after a grace still running:
+             * one connection keeps order, so whatever an earlier HEARTBEAT
+             * of this worker announced has come by now (or never will). A
+             * worker that announced 60 messages and sent none was kept 60
+             * messages' time, silent, with requests routed to it. (The
+             * grace of a large REQUEST sent to it stays.) */
             const uint64_t most = (uint64_t)WIRE_MAX_FRAME / MSG_SLOW_BYTES_PER_MS;
-            const int64_t now = brk_now_ms(), from = w->quiet_until_ms > now ? w->quiet_until_ms : now;
-            w->quiet_until_ms = from + (int64_t)(in / MSG_SLOW_BYTES_PER_MS < most ? in / MSG_SLOW_BYTES_PER_MS : most);
+            const int64_t until =
+                brk_now_ms() + (int64_t)(in / MSG_SLOW_BYTES_PER_MS < most ? in / MSG_SLOW_BYTES_PER_MS : most);
+            if (until > w->quiet_until_ms) w->quiet_until_ms = until;
         }
         break;
     }

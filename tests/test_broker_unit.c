@@ -2317,8 +2317,8 @@ END_TEST
 
 /* The other way: a worker's HEARTBEAT with "incoming" (a large RESULT
  * follows, and nothing else of the worker's until it has) keeps the broker
- * from expiring it for that message's time at 32 MiB/s, added after any
- * grace still running, and at most a 512 MiB frame's time. */
+ * from expiring it for that message's time at 32 MiB/s from then, and at
+ * most a 512 MiB frame's time. */
 START_TEST(test_a_workers_announced_large_message_postpones_its_expiry) {
     box_t x;
     box_open(&x);
@@ -2343,6 +2343,46 @@ START_TEST(test_a_workers_announced_large_message_postpones_its_expiry) {
     before = brk_now_ms();
     from_worker(&x, 0, h);
     ck_assert_int_le(x.b.w[0]->quiet_until_ms, brk_now_ms() + (int64_t)(WIRE_MAX_FRAME / MSG_SLOW_BYTES_PER_MS));
+    box_close(&x);
+}
+END_TEST
+
+/* A worker's announcements do not add up: one connection keeps order, so
+ * what an earlier HEARTBEAT announced has come when the next one does (or
+ * never will). A worker that sent 60 announcing 64 MiB each and then went
+ * silent was kept 120 s, requests routed to it (found by
+ * tests/cli_adversarial_peers.sh); it is expired after one message's time
+ * now. A large REQUEST's grace still stands. */
+START_TEST(test_a_workers_announcements_do_not_add_up_past_one_messages_time) {
+    box_t x;
+    box_open(&x);
+    x.b.opt.heartbeat_ms = 100;
+    x.b.opt.liveness = 3;
+    ready(&x, 0, 1);
+    brk_worker_t *w = x.b.w[0];
+    const int64_t grace = (int64_t)(((uint64_t)64 << 20) / MSG_SLOW_BYTES_PER_MS); /* 2 s */
+    int64_t before = brk_now_ms();
+    for (int k = 0; k < 60; k++) {
+        wire_val_t *h = wire_hdr("HEARTBEAT", 0);
+        wv_set(h, "incoming", wv_u64((uint64_t)64 << 20));
+        from_worker(&x, 0, h);
+    }
+    ck_assert_int_ge(w->quiet_until_ms, before + grace);
+    ck_assert_int_le(w->quiet_until_ms, brk_now_ms() + grace);
+    brk_workers_timers(&x.b, brk_now_ms() + grace + 1, 1);
+    ck_assert_msg(w->dead && !strcmp(w->dead_why, "expired"), "kept past one announced message's time");
+    box_close(&x);
+    box_open(&x); /* an announcement does not cut a large REQUEST's grace short */
+    x.b.opt.heartbeat_ms = 100;
+    x.b.opt.liveness = 3;
+    ready(&x, 0, 1);
+    w = x.b.w[0];
+    w->quiet_until_ms = brk_now_ms() + 100000;
+    wire_val_t *h = wire_hdr("HEARTBEAT", 0);
+    wv_set(h, "incoming", wv_u64((uint64_t)64 << 20));
+    from_worker(&x, 0, h);
+    brk_workers_timers(&x.b, brk_now_ms() + 50000, 1);
+    ck_assert_msg(!w->dead, "a REQUEST's grace was cut short by the worker's announcement");
     box_close(&x);
 }
 END_TEST
@@ -5117,6 +5157,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_small_request_goes_unannounced_and_leaves_the_liveness_as_it_was);
     tcase_add_test(an, test_large_requests_add_up_their_grace_but_a_silent_worker_gets_none);
     tcase_add_test(an, test_a_workers_announced_large_message_postpones_its_expiry);
+    tcase_add_test(an, test_a_workers_announcements_do_not_add_up_past_one_messages_time);
     tcase_add_test(an, test_a_resend_that_spells_out_defaults_is_the_same_live_request);
     tcase_add_test(an, test_a_result_names_the_worker_the_broker_sent_the_request_to);
     tcase_add_test(an, test_the_same_id_under_another_token_or_none_is_a_request_of_its_own);
