@@ -836,6 +836,32 @@ static void expect_key_refused(const msg_prewarm_key_t *k, const tdit_config_t *
     ck_assert_msg(strstr(err.message, want) != NULL, "message '%s' lacks '%s'", err.message, want);
 }
 
+/* A CANCEL names only a REQUEST that came before it (one connection keeps
+ * order): one of an id the worker does not run is ignored, as
+ * docs/PROTOCOL.md says, and a REQUEST of that id afterwards runs. Before,
+ * the note waited in the ring and stopped that later REQUEST before its
+ * first step (tests/cli_adversarial_peers.sh, a fake broker). A second
+ * REQUEST of a cancelled id runs too; the first stays cancelled. */
+START_TEST(test_a_cancel_stops_only_the_requests_of_its_id_taken_before_it) {
+    wrk_t *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    ck_assert_int_eq(wrk_shared_init(w), 0);
+    atomic_init(&w->epoch, 1);
+    ck_assert(!wrk_cancelled(w, 1, 7, 1)); /* none noted */
+    wrk_cancel_note(w, 7);                 /* before any REQUEST of id 7 */
+    uint64_t later = ++w->requests_taken;  /* REQUEST 7 comes after it */
+    ck_assert_msg(!wrk_cancelled(w, 1, 7, later), "a CANCEL stopped a REQUEST that came after it");
+    wrk_cancel_note(w, 7);                 /* now it names that one */
+    ck_assert(wrk_cancelled(w, 1, 7, later));
+    uint64_t again = ++w->requests_taken;  /* the same id again, after the CANCEL */
+    ck_assert(!wrk_cancelled(w, 1, 7, again));
+    ck_assert(!wrk_cancelled(w, 1, 8, later)); /* another id */
+    ck_assert(!wrk_cancelled(w, 2, 7, later)); /* another session */
+    wrk_shared_fini(w);
+    free(w);
+}
+END_TEST
+
 /* A key this worker can run becomes the shape and loop a request of it
  * would: F, H, W, the context rows, cfg, batch n, the solver (sde an
  * Euler loop), and the broker's shard hash. */
@@ -1732,6 +1758,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_a_nan_or_infinite_input_is_refused_by_name);
     tcase_add_test(t, test_a_prewarm_key_becomes_the_shape_and_loop_its_requests_run);
     tcase_add_test(t, test_a_prewarm_key_this_worker_cannot_run_is_refused_with_a_reason);
+    tcase_add_test(t, test_a_cancel_stops_only_the_requests_of_its_id_taken_before_it);
     suite_add_tcase(s, t);
     t = tcase_create("sync");
     tcase_add_checked_fixture(t, setup_root, teardown_root);

@@ -88,13 +88,17 @@ typedef struct {
      * and sum agree. */
     pthread_mutex_t samples_mu;
     uint64_t step_samples[WRK_SAMPLE_BUCKETS + 1], step_samples_sum;
-    /* CANCELs from the broker: the last WRK_CANCELS (session, request id)
-     * pairs, a ring under cancel_mu (the main thread notes, the streams
-     * look before each step: wrk_cancelled); n_cancels counts every one
-     * noted, so a stream skips the lock while there has been none. */
+    /* CANCELs from the broker: the last WRK_CANCELS (session, request id,
+     * REQUESTs taken before it) triples, a ring under cancel_mu (the main
+     * thread notes, the streams look before each step: wrk_cancelled);
+     * n_cancels counts every one noted, so a stream skips the lock while
+     * there has been none. A CANCEL names only a REQUEST that came before
+     * it (one connection keeps order): one of an id the worker did not
+     * run yet is ignored, and a REQUEST of that id later runs. */
     pthread_mutex_t cancel_mu;
-    struct { uint64_t epoch, id; } cancels[256];
+    struct { uint64_t epoch, id, taken; } cancels[256];
     _Atomic uint64_t n_cancels;
+    uint64_t requests_taken;         /* REQUESTs handed to the streams so far (the main thread's) */
     /* Mixed steps (several requests in one step) run, and the padded rows
      * they computed for nobody (--batch-sizes ladder). */
     _Atomic uint64_t mixed_steps, padded_rows;
@@ -140,11 +144,13 @@ void wrk_drain_end(wrk_t *w);
  * of the previous hook is in progress. Can't fail. */
 void wrk_drain_hook(wrk_t *w, void (*fn)(void *arg), void *arg);
 
-/* The broker cancelled its request id (of the session now). Can't fail. */
+/* The broker cancelled its request id (of the session now): the REQUESTs
+ * of that id taken so far (wrk_t.requests_taken). Can't fail. */
 void wrk_cancel_note(wrk_t *w, uint64_t id);
-/* Whether request id of session epoch was cancelled (among the last 256
- * CANCELs). Can't fail. */
-bool wrk_cancelled(wrk_t *w, uint64_t epoch, uint64_t id);
+/* Whether request id of session epoch, the taken-th REQUEST taken
+ * (wrk_job_t.taken), was cancelled by a CANCEL that came after it (among
+ * the last 256 CANCELs). Can't fail. */
+bool wrk_cancelled(wrk_t *w, uint64_t epoch, uint64_t id, uint64_t taken);
 
 /* One step of `samples` samples ran (wrk_t.step_samples). Can't fail. */
 void wrk_count_step(wrk_t *w, int64_t samples);

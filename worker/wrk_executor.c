@@ -199,7 +199,7 @@ static int decode_progress(void *user, int64_t done, int64_t total) {
     }
     if (done >= total) return 0; /* decoded: nothing left to save */
     if (j->epoch != atomic_load(&w->epoch)) d->stop = WHY_GONE;
-    else if (wrk_cancelled(w, j->epoch, j->id)) d->stop = WHY_CANCELLED;
+    else if (wrk_cancelled(w, j->epoch, j->id, j->taken)) d->stop = WHY_CANCELLED;
     else if (j->deadline_at && wrk_mono_ms() > j->deadline_at) d->stop = WHY_DEADLINE;
     return d->stop;
 }
@@ -667,7 +667,7 @@ static bool abandoned(wrk_stream_t *st, wrk_job_t *j) {
                 j->req ? tdit_req_steps_done(j->req) : 0, j->loop.steps);
         return true;
     }
-    if (wrk_cancelled(w, j->epoch, j->id)) {
+    if (wrk_cancelled(w, j->epoch, j->id, j->taken)) {
         /* The broker answered its client already: nothing more is sent
          * for it but this ERROR, which frees its slot there. */
         part_failed(st, j, WIRE_E_CANCELLED, "cancelled by its client after %d of %d steps",

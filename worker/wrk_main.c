@@ -545,6 +545,7 @@ static void handle_request(link_t *l, wire_msg_t *m) {
         return;
     }
     job->epoch = atomic_load(&w->epoch);
+    job->taken = ++w->requests_taken;
     wrk_exec_submit(l->exec, job);
 }
 

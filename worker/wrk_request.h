@@ -25,6 +25,8 @@ typedef struct wrk_group wrk_group_t; /* wrk_executor.c: a group split over stre
 struct wrk_job {
     uint64_t id;                 /* the broker's request id */
     uint64_t epoch;              /* broker session it arrived in (see wrk.h) */
+    uint64_t taken;              /* its place among the REQUESTs the worker took (wrk_t.requests_taken,
+                                  * from 1): only a CANCEL that came after it stops it */
     uint64_t version;            /* the version it must run on (0: any) */
     int64_t deadline_at;         /* wrk_mono_ms() past which the broker no longer waits for it (0: none):
                                   * dropped then, between steps */

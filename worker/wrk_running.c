@@ -95,6 +95,7 @@ void wrk_cancel_note(wrk_t *w, uint64_t id) {
     uint64_t n = atomic_load(&w->n_cancels);
     w->cancels[n % WRK_CANCELS].epoch = atomic_load(&w->epoch);
     w->cancels[n % WRK_CANCELS].id = id;
+    w->cancels[n % WRK_CANCELS].taken = w->requests_taken;
     atomic_store(&w->n_cancels, n + 1);
     pthread_mutex_unlock(&w->cancel_mu);
     /* A stream with only held requests (a drain) sleeps until the drain
@@ -105,13 +106,13 @@ void wrk_cancel_note(wrk_t *w, uint64_t id) {
     pthread_mutex_unlock(&w->idle_mu);
 }
 
-bool wrk_cancelled(wrk_t *w, uint64_t epoch, uint64_t id) {
+bool wrk_cancelled(wrk_t *w, uint64_t epoch, uint64_t id, uint64_t taken) {
     if (!atomic_load(&w->n_cancels)) return false;
     bool hit = false;
     pthread_mutex_lock(&w->cancel_mu);
     uint64_t n = atomic_load(&w->n_cancels);
     for (uint64_t i = 0; i < n && i < WRK_CANCELS && !hit; i++)
-        hit = w->cancels[i].id == id && w->cancels[i].epoch == epoch;
+        hit = w->cancels[i].id == id && w->cancels[i].epoch == epoch && taken <= w->cancels[i].taken;
     pthread_mutex_unlock(&w->cancel_mu);
     return hit;
 }
