@@ -296,11 +296,14 @@ void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_
             if (worker_side && !w) b->replies_suppressed++;
             else BAD_REPLY(b, worker_side, m, err->code, "%s", err->message);
             /* A final reply that cannot be read still ends its request
-             * (only one this worker holds: held_by checks). */
-            if (w && m->id && m->type && (!strcmp(m->type, "RESULT") || !strcmp(m->type, "ERROR"))) {
+             * (only one this worker holds: held_by checks), also when its
+             * header broke after its id and type (trailing bytes, a
+             * duplicate key): its client waited its deadline out before. */
+            const char *ty = wire_msg_type_read(m);
+            if (w && m->id && ty && (!strcmp(ty, "RESULT") || !strcmp(ty, "ERROR"))) {
                 snprintf(u.error.code, sizeof u.error.code, "%s", WIRE_E_INTERNAL);
                 snprintf(u.error.message, sizeof u.error.message, "worker %s sent a bad %s: %s", w->route.name,
-                         m->type, err->message);
+                         ty, err->message);
                 brk_req_error(b, w, m->id, &u.error);
             }
         }

@@ -298,7 +298,8 @@ static int decode_frames(wire_msg_t *m, zmq_msg_t *frames, size_t n_kept, size_t
      * is still answered under its id, which is how the client matches the
      * ERROR to what it sent. */
     uint32_t desc = 0;
-    if (wire_tokenize(wire_msg_head(m), zmq_msg_size(&m->head), &m->tok, &m->id, err) ||
+    if (wire_tokenize(wire_msg_head(m), zmq_msg_size(&m->head), &m->tok, &m->id, m->type_buf, sizeof m->type_buf,
+                      err) ||
         parse_envelope(m, &desc, err) || parse_tensors(m, desc, frames, n_total, err))
         goto out;
     done = n_kept;
@@ -312,14 +313,12 @@ out:
     if (rc) { /* id and type outlive the body when read: an answer names them */
         uint64_t keep_id = m->id;
         char keep_type[sizeof m->type_buf];
-        bool typed = m->type != NULL;
-        if (typed) memcpy(keep_type, m->type_buf, sizeof keep_type);
+        bool typed = m->type != NULL, read = m->type_buf[0] != '\0'; /* (read: wire_msg_type_read) */
+        if (read) memcpy(keep_type, m->type_buf, sizeof keep_type);
         release_body(m);
         m->id = keep_id;
-        if (typed) {
-            memcpy(m->type_buf, keep_type, sizeof keep_type);
-            m->type = m->type_buf;
-        }
+        if (read) memcpy(m->type_buf, keep_type, sizeof keep_type);
+        if (typed) m->type = m->type_buf;
     }
     return rc;
 }
@@ -341,7 +340,7 @@ wire_val_t *wire_decode_header(const void *buf, size_t len, wire_err_t *err) {
     wire_toks_t t;
     memset(&t, 0, sizeof t);
     wire_val_t *v = NULL;
-    if (wire_tokenize(buf, len, &t, NULL, err) == 0 && !(v = wire_tok_tree(&t, buf, 0)))
+    if (wire_tokenize(buf, len, &t, NULL, NULL, 0, err) == 0 && !(v = wire_tok_tree(&t, buf, 0)))
         wire_set_err(err, WIRE_E_INTERNAL, "out of memory decoding header");
     wire_toks_free(&t);
     return v;

@@ -178,7 +178,7 @@ typedef struct {
     wire_chunk_t *arena; /* what typed decoders allocated (msg.h) */
     wire_val_t *hdr;     /* the header as a value tree: wire_recv/wire_decode only */
     const char *type;    /* the "type" string (NUL-terminated; at most 71 bytes of it) */
-    char type_buf[72];
+    char type_buf[72];   /* its bytes; for a message refused as it was read, the type read first, if any */
     uint64_t id;         /* "id", 0 when absent */
     int n_tensors;
     wire_tensor_t t[WIRE_MAX_TENSORS];
@@ -237,6 +237,14 @@ int wire_recv(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err
 int wire_decode(wire_msg_t *m, zmq_msg_t *frames, size_t n, wire_err_t *err);
 /* Releases everything m holds and leaves it empty. NULL-safe. */
 void wire_msg_close(wire_msg_t *m);
+/* The type m's header names: m->type, or, for a message refused while its
+ * header was read (wire_recv returned 1, m->type NULL), the root's "type"
+ * string when it was read before the fault (a RESULT with trailing bytes
+ * still says it is a RESULT); NULL when none was read. A refused message's
+ * type is only what its sender claims: nothing in it was checked. */
+static inline const char *wire_msg_type_read(const wire_msg_t *m) {
+    return m->type ? m->type : m->type_buf[0] ? m->type_buf : NULL;
+}
 const wire_tensor_t *wire_msg_tensor(const wire_msg_t *m, const char *name);
 /* n zeroed bytes that live as long as m (its arena; typed decoders use
  * it). NULL on out-of-memory. */

@@ -36,8 +36,12 @@ static inline const wire_tok_t *wire_toks_v(const wire_toks_t *t) {
  * toks (reset first; its storage is reused). 0, or -1 with *err set
  * (too_large or malformed; internal on out-of-memory). *id receives the
  * root's "id" when it was read before any error (else it is untouched),
- * so a bad message can still be answered under its id. */
-int wire_tokenize(const void *buf, size_t len, wire_toks_t *toks, uint64_t *id, wire_err_t *err);
+ * so a bad message can still be answered under its id; type (type_cap
+ * bytes, NULL: not wanted) the root's "type" string likewise, NUL
+ * terminated and cut to fit (one holding a NUL is not taken), so a bad
+ * message can still be told apart by what it says it is. */
+int wire_tokenize(const void *buf, size_t len, wire_toks_t *toks, uint64_t *id, char *type, size_t type_cap,
+                  wire_err_t *err);
 /* Frees the heap part of toks; it stays usable (empty). */
 void wire_toks_free(wire_toks_t *toks);
 

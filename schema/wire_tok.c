@@ -36,6 +36,8 @@ typedef struct {
     wire_toks_t *t;
     wire_err_t *err;
     uint64_t *id;
+    char *type;        /* the root's "type" as read (type_cap bytes), or NULL */
+    size_t type_cap;
     wkey_t *keys;      /* scratch for large maps, grown once per header */
     size_t keys_cap;
     wire_tok_t *v;     /* t's token array (inline or heap), and its capacity */
@@ -206,12 +208,23 @@ static uint32_t tk_container(tk_t *d, bool is_map, uint64_t count, int depth) {
         if (k == BAD_TOK) return k;
         uint32_t v = tk_val(d, depth + 1);
         if (v == BAD_TOK) return v;
-        /* The root's id, as soon as it is read: a message refused for what
-         * comes after it is still answered under its id. */
+        /* The root's id and type, as soon as they are read: a message
+         * refused for what comes after them is still answered under its
+         * id, and told apart by its type (a worker's unreadable RESULT
+         * still ends its request). */
         const wire_tok_t *vt = &d->v[v];
         if (is_map && depth == 0 && d->id && vt->kind == WV_UINT) {
             const wire_tok_t *kt = &d->v[k];
             if (kt->n == 2 && d->base[kt->v.off] == 'i' && d->base[kt->v.off + 1] == 'd') *d->id = vt->v.u;
+        }
+        if (is_map && depth == 0 && d->type && vt->kind == WV_STR) {
+            const wire_tok_t *kt = &d->v[k];
+            const char *s = (const char *)d->base + vt->v.off;
+            if (kt->n == 4 && !memcmp(d->base + kt->v.off, "type", 4) && !memchr(s, '\0', vt->n)) {
+                size_t n = vt->n < d->type_cap ? vt->n : d->type_cap - 1;
+                memcpy(d->type, s, n);
+                d->type[n] = '\0';
+            }
         }
     }
     d->v[c].next = d->t->n;
@@ -304,7 +317,8 @@ static uint32_t tk_val(tk_t *d, int depth) {
     }
 }
 
-int wire_tokenize(const void *buf, size_t len, wire_toks_t *t, uint64_t *id, wire_err_t *err) {
+int wire_tokenize(const void *buf, size_t len, wire_toks_t *t, uint64_t *id, char *type, size_t type_cap,
+                  wire_err_t *err) {
     t->n = 0;
     if (len > WIRE_MAX_HEADER) {
         wire_set_err(err, WIRE_E_TOO_LARGE, "header of %zu bytes (max %d)", len, WIRE_MAX_HEADER);
@@ -323,7 +337,8 @@ int wire_tokenize(const void *buf, size_t len, wire_toks_t *t, uint64_t *id, wir
         wire_set_err(err, WIRE_E_MALFORMED, "header is not a map");
         return -1;
     }
-    tk_t d = { p, p, p + len, t, err, id, NULL, 0, toks(t), t->heap ? t->cap : WIRE_TOKS_INLINE, 0 };
+    tk_t d = { p, p, p + len, t, err, id, type_cap ? type : NULL, type_cap, NULL, 0, toks(t),
+               t->heap ? t->cap : WIRE_TOKS_INLINE, 0 };
     uint32_t root = tk_val(&d, 0);
     free(d.keys);
     if (root == BAD_TOK) return -1;

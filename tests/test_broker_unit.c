@@ -1788,6 +1788,52 @@ START_TEST(test_a_result_that_does_not_fit_its_request_ends_it_as_internal) {
 }
 END_TEST
 
+/* A header that breaks after its id and type (trailing bytes, a duplicate
+ * key: the tokenizer refuses it before the envelope is read) is still a
+ * RESULT or ERROR naming a request its worker holds: it ends that request
+ * as internal at once. Before, only a message whose envelope was read
+ * did, and the client of a RESULT with one trailing byte waited its
+ * deadline out (tests/cli_adversarial_peers.sh, a fake worker). */
+START_TEST(test_a_result_whose_header_breaks_after_its_type_still_ends_its_request) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    brk_worker_t *w = brk_worker_named(&x.b, "w0");
+    for (int k = 0; k < 3; k++) {
+        client_gen(&x, 700 + (uint64_t)k, "tiny", false);
+        wire_msg_t *q = take(x.w[0], false);
+        uint64_t id = q->id;
+        drop_msg(&q);
+        unsigned char b[96];
+        size_t n = 0;
+        b[n++] = k == 1 ? 0x85 : 0x83; /* a map of 3 (5: a key repeated) */
+        memcpy(b + n, "\xa5proto\xa6reel/1", 13), n += 13;
+        memcpy(b + n, k == 2 ? "\xa4type\xa5""ERROR" : "\xa4type\xa6RESULT", k == 2 ? 11 : 12), n += k == 2 ? 11 : 12;
+        memcpy(b + n, "\xa2id\xcf", 4), n += 4;
+        for (int i = 7; i >= 0; i--) b[n++] = (unsigned char)(id >> (8 * i));
+        if (k == 1) memcpy(b + n, "\xa1x\x01\xa1x\x02", 6), n += 6; /* "x" twice */
+        else b[n++] = 0xc0;                                         /* a trailing nil */
+        ck_assert_int_eq(zmq_send(x.w[0], b, n, 0), (int)n);
+        deliver(&x, true);
+        wire_msg_t *e = take(x.w[0], false); /* the worker is told, under the id it sent */
+        ck_assert_str_eq(e->type, "ERROR");
+        ck_assert_uint_eq(e->id, id);
+        ck_assert_str_eq(wv_get_str(e->hdr, "code"), "malformed");
+        drop_msg(&e);
+        wire_msg_t *d = answer(&x);
+        ck_assert_uint_eq(d->id, 700 + (uint64_t)k);
+        ck_assert_str_eq(d->type, "ERROR");
+        ck_assert_str_eq(wv_get_str(d->hdr, "code"), "internal");
+        ck_assert_msg(strstr(wv_get_str(d->hdr, "message"), k == 2 ? "worker w0 sent a bad ERROR" : "worker w0 sent a bad RESULT"),
+                      "case %d: %s", k, wv_get_str(d->hdr, "message"));
+        drop_msg(&d);
+        ck_assert_int_eq(w->route.inflight, 0);
+    }
+    ck_assert_ptr_null(x.b.reqs);
+    box_close(&x);
+}
+END_TEST
+
 /* A worker's ERROR about a request reaches the client with the worker's
  * code when it is one of the protocol's; any other code (or standby, a
  * broker's word) is internal, its message naming the code with only
@@ -5145,6 +5191,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy);
     tcase_add_test(an, test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id);
     tcase_add_test(an, test_a_result_that_does_not_fit_its_request_ends_it_as_internal);
+    tcase_add_test(an, test_a_result_whose_header_breaks_after_its_type_still_ends_its_request);
     tcase_add_test(an, test_a_worker_error_code_outside_the_protocol_reaches_the_client_as_internal);
     tcase_add_test(an, test_a_gen_resent_while_its_request_lives_is_attached_and_answered_once_to_the_resend);
     tcase_add_test(an, test_progress_out_of_order_never_goes_backwards_and_the_result_names_the_brokers_boot);
