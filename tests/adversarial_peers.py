@@ -526,8 +526,18 @@ def run_worker(a):
     def request(**kw):
         rid = kw.pop("rid", None) or next(ids)
         tensors = kw.pop("tensors", None)
-        fb.send(request_hdr(rid, **kw), ctx_tensors() if tensors is None else tensors)
-        return rid, fb.wait(lambda h, t: h.get("id") == rid and h.get("type") in ("RESULT", "ERROR"), 60)
+        end = time.monotonic() + 60
+        while True:
+            # A worker that heard no heartbeat for its liveness (this fake
+            # starved of CPU on a busy machine) registers again and drops
+            # the old session's requests, as with a real broker: sent again
+            # to the new session, as a broker that requeues would.
+            fb.send(request_hdr(rid, **kw), ctx_tensors() if tensors is None else tensors)
+            m = fb.wait(lambda h, t: (h.get("id") == rid and h.get("type") in ("RESULT", "ERROR"))
+                        or h.get("type") == "READY", max(0.0, end - time.monotonic()))
+            if m is not None and m[0].get("type") == "READY":
+                continue
+            return rid, m
 
     rid, m = request()
     base = m[1]["latent"][2] if m and m[0]["type"] == "RESULT" and "latent" in m[1] else None
