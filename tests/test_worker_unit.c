@@ -1576,7 +1576,7 @@ START_TEST(test_a_large_message_from_the_streams_is_announced_to_the_broker) {
         ck_assert_int_eq(zmq_send(push, &tag, sizeof tag, ZMQ_SNDMORE), (int)sizeof tag);
         ck_assert_int_eq(zmq_send(push, "head", 4, ZMQ_SNDMORE), 4);
         ck_assert_int_eq(zmq_send(push, big, sizes[k], 0), (int)sizes[k]);
-        ck_assert_int_eq(wrk_pipe_forward(pull, out, 1, 0), 1);
+        ck_assert_int_eq(wrk_pipe_forward(pull, out, 1, 0, NULL), 1);
         wire_msg_t m;
         wire_err_t err;
         memset(&m, 0, sizeof m);

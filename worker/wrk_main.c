@@ -78,6 +78,7 @@ typedef struct {
     wrk_syncer_t *sync;
     void *dealer;                /* NULL while waiting to reconnect */
     void *pull;
+    wrk_pipe_held_t held;        /* a pipe message the DEALER could not take yet (wrk_pipe_forward) */
     int64_t heard;               /* last message from the broker */
     int64_t quiet_until;         /* a large REQUEST is on its way (HEARTBEAT "incoming"): no reconnect before */
     int64_t next_hb, next_events, reconnect_at;
@@ -472,6 +473,7 @@ static void drop_link(link_t *l, int64_t now, const char *why) {
     const char *was = w->brokers[atomic_load(&w->broker_at)];
     zmq_close(l->dealer);
     l->dealer = NULL;
+    wrk_pipe_held_clear(&l->held); /* the session's: the broker requeues its requests */
     l->quiet_until = 0; /* (a heads-up was this connection's) */
     new_session(l);
     int next = (atomic_load(&w->broker_at) + 1) % w->n_brokers;
@@ -693,10 +695,13 @@ static int serve(link_t *l) {
         } else if (l->reconnect_at < wake) {
             wake = l->reconnect_at;
         }
+        /* While a message waits for room on the DEALER, the pipe waits
+         * behind it (its order is the streams'), and room is polled for. */
+        const bool held = l->held.np > 0;
         zmq_pollitem_t it[3] = {
             { NULL, g_sig_pipe[0], ZMQ_POLLIN, 0 },
-            { l->pull, 0, ZMQ_POLLIN, 0 },
-            { l->dealer, 0, ZMQ_POLLIN, 0 },
+            { l->pull, 0, held ? 0 : ZMQ_POLLIN, 0 },
+            { l->dealer, 0, ZMQ_POLLIN | (held ? ZMQ_POLLOUT : 0), 0 },
         };
         /* Without a DEALER the pipe waits: its messages go out after READY. */
         int n = l->dealer ? 3 : 1;
@@ -720,9 +725,13 @@ static int serve(link_t *l) {
              * now. (A HEARTBEAT goes below when one is due.) */
             if (got && l->dealer) l->heard = wrk_mono_ms();
         }
-        if (n == 3 && l->dealer && (it[1].revents & ZMQ_POLLIN)) /* (the link may have dropped just above) */
-            for (int i = 0; i < DRAIN_MAX; i++)
-                if (wrk_pipe_forward(l->pull, l->dealer, atomic_load(&w->epoch), ZMQ_DONTWAIT) < 0) break;
+        if (n == 3 && l->dealer && l->held.np && (it[2].revents & ZMQ_POLLOUT))
+            wrk_pipe_retry(&l->held, l->dealer, atomic_load(&w->epoch));
+        if (n == 3 && l->dealer && !l->held.np && (it[1].revents & ZMQ_POLLIN)) /* (the link may have dropped just above) */
+            for (int i = 0; i < DRAIN_MAX; i++) {
+                int f = wrk_pipe_forward(l->pull, l->dealer, atomic_load(&w->epoch), ZMQ_DONTWAIT, &l->held);
+                if (f < 0 || f == 2) break;
+            }
         now = wrk_mono_ms();
         if (l->dealer && now - l->heard >= silent_ms && now >= l->quiet_until) {
             start_reconnect(l, now);
@@ -1067,6 +1076,7 @@ static void teardown(run_t *r) {
     wrk_stop(w);
     reel_http_stop(&l->http); /* it reads nothing of ours: only what was published */
     if (l->dealer) zmq_close(l->dealer);
+    wrk_pipe_held_clear(&l->held);
     wrk_exec_stop(l->exec);
     wrk_syncer_destroy(&l->sync);
     if (l->pull) zmq_close(l->pull);

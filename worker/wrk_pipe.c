@@ -45,8 +45,8 @@ void *wrk_pipe_pull_new(void *zctx) {
 /* The tag travels in msg_send's identity slot: msg_send builds every part
  * before sending the first, so a failure never leaves a tag without its
  * message in the pipe. */
-static int tag_msg(zmq_msg_t *msg, uint64_t epoch) {
-    wrk_pipe_tag_t tag = { epoch };
+static int tag_msg(zmq_msg_t *msg, uint64_t epoch, bool droppable) {
+    wrk_pipe_tag_t tag = { epoch, droppable };
     if (zmq_msg_init_size(msg, sizeof tag) != 0) return -1;
     memcpy(zmq_msg_data(msg), &tag, sizeof tag);
     return 0;
@@ -54,7 +54,7 @@ static int tag_msg(zmq_msg_t *msg, uint64_t epoch) {
 
 int wrk_pipe_send(void *push, uint64_t epoch, msg_type_t type, uint64_t id, const void *body) {
     zmq_msg_t tag;
-    if (tag_msg(&tag, epoch) != 0) return -1;
+    if (tag_msg(&tag, epoch, type == MSG_PROGRESS) != 0) return -1;
     int rc = msg_send(push, &tag, type, id, body, NULL);
     int e = errno;
     zmq_msg_close(&tag);
@@ -64,7 +64,7 @@ int wrk_pipe_send(void *push, uint64_t epoch, msg_type_t type, uint64_t id, cons
 
 int wrk_pipe_send_error(void *push, uint64_t epoch, uint64_t id, const char *code, const char *message) {
     zmq_msg_t tag;
-    if (tag_msg(&tag, epoch) != 0) return -1;
+    if (tag_msg(&tag, epoch, false) != 0) return -1;
     int rc = msg_send_error(push, &tag, id, code, "%s", message);
     int e = errno;
     zmq_msg_close(&tag);
@@ -79,7 +79,36 @@ static bool more(void *s) {
     return zmq_getsockopt(s, ZMQ_RCVMORE, &m, &len) == 0 && m;
 }
 
-int wrk_pipe_forward(void *pull, void *out, uint64_t epoch, int flags) {
+/* Sends parts[0..np) on out without waiting. 1 sent, 0 when out could
+ * not take the first part (EAGAIN: nothing went), -1 otherwise (a part
+ * after the first failed, or another error: what went is lost). The
+ * parts are closed once sent; on 0 they stay as they were. */
+static int send_parts(zmq_msg_t *parts, int np, void *out) {
+    for (int i = 0; i < np; i++) {
+        zmq_msg_t copy;
+        zmq_msg_init(&copy);
+        if (zmq_msg_copy(&copy, &parts[i]) != 0) {
+            zmq_msg_close(&copy);
+            return -1;
+        }
+        if (zmq_msg_send(&copy, out, (i + 1 < np ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
+            int e = errno;
+            zmq_msg_close(&copy);
+            /* ZeroMQ takes a multipart message whole or not at all: a
+             * first part refused means none went */
+            if (i == 0 && e == EAGAIN) return 0;
+            return -1;
+        }
+    }
+    for (int i = 0; i < np; i++) zmq_msg_close(&parts[i]);
+    return 1;
+}
+
+static void close_parts(zmq_msg_t *parts, int np) {
+    for (int i = 0; i < np; i++) zmq_msg_close(&parts[i]);
+}
+
+int wrk_pipe_forward(void *pull, void *out, uint64_t epoch, int flags, wrk_pipe_held_t *held) {
     wrk_pipe_tag_t tag;
     int n = zmq_recv(pull, &tag, sizeof tag, flags);
     if (n < 0) return -1;
@@ -113,18 +142,51 @@ int wrk_pipe_forward(void *pull, void *out, uint64_t epoch, int flags) {
         if (last) break;
     }
     if (!whole) keep = false;
-    if (keep && bytes >= MSG_HEADS_UP_BYTES) {
+    if (!keep) {
+        close_parts(part, np);
+        return whole ? 0 : -1;
+    }
+    if (bytes >= MSG_HEADS_UP_BYTES) {
         wire_val_t *h = wire_hdr("HEARTBEAT", 0);
         /* best effort: a broker that is gone or full loses it, as below */
         if (h && wv_set(h, "incoming", wv_u64(bytes)) == 0) (void)wire_send(out, NULL, h, NULL, 0);
         wv_free(&h);
     }
-    /* Never block on the broker: a peer that is gone or full loses the
-     * message (the broker requeues what it does not hear back about). */
-    for (int i = 0; i < np; i++) {
-        if (keep && zmq_msg_send(&part[i], out, (i + 1 < np ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) keep = false;
-        zmq_msg_close(&part[i]);
+    /* Never block on the broker. A PROGRESS it cannot take now is lost
+     * (the next one says more); anything else is held for wrk_pipe_retry:
+     * a full queue is a broker busy for a moment, and a RESULT dropped
+     * there would leave its client waiting until the request's deadline
+     * (a broker that is gone is found by the liveness, which ends the
+     * session, and the broker requeues what it held). */
+    int rc = send_parts(part, np, out);
+    if (rc == 0 && held && !tag.droppable && held->np == 0) {
+        for (int i = 0; i < np; i++) {
+            zmq_msg_init(&held->part[i]);
+            zmq_msg_move(&held->part[i], &part[i]);
+            zmq_msg_close(&part[i]);
+        }
+        held->np = np;
+        held->epoch = tag.epoch;
+        return 2;
     }
-    if (!whole) return -1;
-    return keep ? 1 : 0;
+    if (rc != 1) close_parts(part, np);
+    return rc == 1 ? 1 : 0;
+}
+
+int wrk_pipe_retry(wrk_pipe_held_t *held, void *out, uint64_t epoch) {
+    if (!held->np) return 1;
+    if (!out || (held->epoch != 0 && held->epoch != epoch)) {
+        wrk_pipe_held_clear(held);
+        return 1;
+    }
+    int rc = send_parts(held->part, held->np, out);
+    if (rc == 0) return 0;
+    if (rc < 0) close_parts(held->part, held->np);
+    held->np = 0;
+    return 1;
+}
+
+void wrk_pipe_held_clear(wrk_pipe_held_t *held) {
+    close_parts(held->part, held->np);
+    held->np = 0;
 }
