@@ -49,7 +49,7 @@ ms() { date +%s%3N; }
 start_broker() { # extra flags...
     # a restart appends to the log: wait for one more "ready" than before
     _ready=$(grep -c "reel-broker: ready" "$D/broker.log" 2>/dev/null)
-    "$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 200 \
+    "$B/reel-broker" --clients "$CE" --workers "$WE" --catalog "$DB" --heartbeat-ms 500 \
         --sync-deadline-ms 10000 "$@" >>"$D/broker.log" 2>&1 &
     BROKER=$!
     PIDS="$PIDS $BROKER"
@@ -59,7 +59,7 @@ start_broker() { # extra flags...
 start_worker() { # name weights extra...
     n=$1; w=$2; shift 2
     before=$(grep -cE "worker $n ready" "$D/broker.log" 2>/dev/null || true)
-    "$B/reel-worker" --broker "$WE" --name "$n" --weights "$w" --streams 1 --heartbeat-ms 200 "$@" \
+    "$B/reel-worker" --broker "$WE" --name "$n" --weights "$w" --streams 1 --heartbeat-ms 500 "$@" \
         >>"$D/$n.log" 2>&1 &
     _p=$!
     eval "PID_$n=$_p"
@@ -305,6 +305,17 @@ grep -q "peer: 0 messages" "$D/brkfetch.out" &&
     ok "the broker's own key at a broker alone (no --peer) is no peer: its FETCH gets no answer" || { bad "broker key at a lone broker"; show "$D/brkfetch.out"; }
 
 echo "== roles: only a trainer may SYNC; every SYNC is audited with its key's name"
+# w1 routable first: a worker starved past its liveness (200 ms heartbeats,
+# a busy machine, CURVE) is dropped and registers again, and a sync in
+# that gap fails "no live worker" (seen once under load 8)
+w1_live() {
+    with bob "$R" status --broker "$CE" --json 2>/dev/null | /usr/bin/python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+sys.exit(0 if any(w["name"] == "w1" and w.get("routable") for w in s["workers"]) else 1)'
+}
+i=0
+while ! w1_live && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
 with bob "$R" sync --broker "$CE" --version 2 --weights "$D/w/w2.safetensors" --timeout-ms 10000 2>"$D/bobsync.err"
 [ $? = 1 ] && grep -q "forbidden: SYNC: the client role may not publish weights" "$D/bobsync.err" &&
     ok "bob's SYNC: forbidden (before: anyone on the client port could publish)" || { bad "client SYNC refused"; show "$D/bobsync.err"; }
