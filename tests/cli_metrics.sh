@@ -315,7 +315,10 @@ if cli_worker w3 "$D/broker.log" "$D/w3.log" --broker "ipc://$D/w" --weights "$D
     while snap lost && [ "$(lost lost)" -le "$lost0" ] && [ $i -lt 120 ]; do
         sleep 0.25; i=$((i + 1))
     done
-    [ "$(lost lost)" = $((lost0 + 1)) ] &&
+    # (at least one more: on a busy machine another worker starved past
+    # 3 x 200 ms may be dropped too, and registers again; w3's own loss is
+    # in the broker's log)
+    [ "$(lost lost)" -ge $((lost0 + 1)) ] && wait_for "$D/broker.log" "worker w3 lost" 30 &&
         [ "$(field lost 'reel_broker_workers{state="unroutable"}')" = 0 ] &&
         ok "w3 killed: reel_broker_workers_lost_total counts it ($(grep '^reel_broker_workers_lost_total' "$D/snap.lost" | awk '$2 > 0 { print $1 }'))" ||
         { bad "a lost worker in reel_broker_workers_lost_total"; grep reel_broker_workers "$D/snap.lost"; }
