@@ -270,7 +270,8 @@ typedef struct {
 typedef struct {
     const cap_key_t *key;
     const kern_tensor_t *inputs;     /* n_inputs; on the backend's device or the host */
-    const kern_tensor_t *outputs;    /* n_outputs destinations (copied out to) */
+    const kern_tensor_t *outputs;    /* n_outputs destinations (copied out to); on the backend's
+                                      * device or the host */
     const cap_const_t *consts;
     int n_consts;                    /* 0..CAP_MAX_CONSTS */
     bool not_capturable;             /* eager break: SDE step, no static form */
@@ -364,8 +365,8 @@ int64_t cap_component_version(const cap_cache_t *c, const char *name);
  * runs, for what the caller got wrong: a NULL cache, stream, program,
  * call, key, inputs or outputs, a program table missing ws_new, ws_free,
  * ws_bytes, input, output or launch or with counts past CAP_MAX_INPUTS /
- * CAP_MAX_COMPONENTS, an input on another device than the backend's (or
- * the host); and as its workspace is made (freed again, no other entry
+ * CAP_MAX_COMPONENTS, an input or an output on another device than the
+ * backend's (or the host); and as its workspace is made (freed again, no other entry
  * touched), a workspace whose input() or output() gives no slot. A
  * weights() listing that names a component outside the program's is a
  * failed capture (capture_failed), as a failing weights() is.

@@ -352,7 +352,7 @@ static int dispatch_locked(dispatch_t *d, int si, const char *text, uint64_t has
 /* Checks the program table and the call before anything reads them: -1
  * with a message, never a crash on a NULL a caller passed. A capture bakes
  * at most CAP_MAX_CONSTS constants and compares their names on replay;
- * inputs live on the backend's device or the host (cache.h). */
+ * inputs and outputs live on the backend's device or the host (cache.h). */
 static int check_call(const cap_cache_t *c, const cap_program_t *p, const cap_call_t *call) {
     const char *pn = p->name ? p->name : "(unnamed)";
     if (!p->ws_new || !p->ws_free || !p->ws_bytes || !p->input || !p->output || !p->launch)
@@ -374,6 +374,13 @@ static int check_call(const cap_cache_t *c, const cap_program_t *p, const cap_ca
         if (call->inputs[i].device != dev && call->inputs[i].device != KERN_DEVICE_HOST)
             return reel_fail(REEL_E_INVALID, "dispatch: input %d of %s is on device %d; this cache's backend is on %d "
                              "(or the host)", i, pn, call->inputs[i].device, dev);
+    /* An output is written by the copy-out, a device-to-device copy from the
+     * workspace: a destination on another device is no more the backend's
+     * to write than such an input is its to read. */
+    for (int i = 0; i < p->n_outputs; i++)
+        if (call->outputs[i].device != dev && call->outputs[i].device != KERN_DEVICE_HOST)
+            return reel_fail(REEL_E_INVALID, "dispatch: output %d of %s is on device %d; this cache's backend is on %d "
+                             "(or the host)", i, pn, call->outputs[i].device, dev);
     if (call->n_consts < 0 || call->n_consts > CAP_MAX_CONSTS)
         return reel_fail(REEL_E_INVALID, "dispatch: %d constants (a call has 0..%d)", call->n_consts, CAP_MAX_CONSTS);
     if (call->n_consts > 0 && !call->consts) return reel_fail(REEL_E_INVALID, "dispatch: %d constants and no array", call->n_consts);

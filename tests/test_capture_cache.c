@@ -18,6 +18,7 @@
  * reference. Teardown destroys everything and checks that no
  * backend memory is left allocated. */
 #include <check.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -3142,6 +3143,37 @@ START_TEST(test_an_input_on_another_device_is_refused) {
 }
 END_TEST
 
+/* An output destination on another device than the cache's backend (or
+ * the host) is refused as such an input is, before anything runs: no
+ * entry, nothing written to it; then as a replaying call's. The same
+ * output on the host is served. */
+START_TEST(test_an_output_on_another_device_is_refused_before_anything_writes_it) {
+    cap_options_t o = test_options();
+    C = new_cache(&o);
+    req_t r;
+    req_init(&r, &PROG_A, &uA, "syn:foreign-out", ROWS, COLS, "wA", 1);
+    cap_result_t res;
+    for (int round = 0; round < 2; round++) {
+        r.out_t.device = 3;
+        reel_err_clear();
+        ck_assert_int_eq(req_try(C, S, &r, &res), -1);
+        ck_assert_msg(strstr(reel_err_text(), "output 0") && strstr(reel_err_text(), "device 3"),
+                      "round %d: %s", round, reel_err_text());
+        for (int64_t j = 0; j < r.n; j++) /* still req_try's NaN fill: never written */
+            ck_assert_msg(isnan(r.out[j]), "round %d: element %lld of the foreign output was written", round,
+                          (long long)j);
+        ck_assert_uint_eq(stats(C).entries, (size_t)round);
+        r.out_t.device = KERN_DEVICE_HOST;
+        if (round == 0) req_warm_capture_replay(C, S, &r, 2);
+    }
+    uint64_t replays = stats(C).replays;
+    fill(r.x, (size_t)r.n, -1.f, 1.f);
+    expect_ran(req_call(C, S, &r), CAP_RAN_REPLAYED, "the host output after the refusals", 0);
+    req_expect_eager_bits(&r, "the host output after the refusals", 0);
+    ck_assert_uint_eq(stats(C).replays, replays + 1);
+}
+END_TEST
+
 /* A sync under a policy that is neither evict nor inplace is refused and
  * changes nothing: the version stays, the graph still replays. */
 START_TEST(test_a_sync_under_an_unknown_policy_is_refused_and_changes_nothing) {
@@ -3741,6 +3773,7 @@ static Suite *capture_cache_suite(void) {
     tcase_add_test(tc, test_public_functions_refuse_null_arguments_with_a_message_and_the_cache_still_serves);
     tcase_add_test(tc, test_a_program_missing_a_callback_or_a_slot_is_refused_and_nothing_is_kept);
     tcase_add_test(tc, test_an_input_on_another_device_is_refused);
+    tcase_add_test(tc, test_an_output_on_another_device_is_refused_before_anything_writes_it);
     tcase_add_test(tc, test_a_sync_under_an_unknown_policy_is_refused_and_changes_nothing);
     tcase_add_test(tc, test_warmup_zero_captures_at_the_first_call);
     tcase_add_test(tc, test_a_key_with_a_component_twice_or_an_unknown_loop_is_refused);
