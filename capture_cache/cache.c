@@ -282,24 +282,33 @@ bool cap_evict_idle(cap_cache_t *c, evq_t *q, size_t need) {
     return any;
 }
 
-/* Evicts LRU entries other than keep (not in use) until `need` more bytes
- * fit the budget. True when they fit. */
+/* The budget arithmetic never adds to what is held: bytes_held <= the
+ * budget (an invariant) and every idle entry's bytes are part of
+ * bytes_held, so each comparison below subtracts from the budget instead,
+ * and a need near SIZE_MAX (a budget of SIZE_MAX, a program's absurd
+ * ws_bytes) is declined instead of wrapping into a small sum that fits.
+ * With no budget the counters themselves bound it: an entry whose bytes
+ * they could not add is declined, not counted modulo 2^64. */
 bool cap_could_fit(const cap_cache_t *c, const entry_t *keep, size_t need) {
     CAP_ASSERT_LOCKED(&c->lock);
-    if (!c->opt.budget_bytes) return true;
+    if (!c->opt.budget_bytes) return need <= SIZE_MAX - c->st.bytes_held;
     size_t idle = 0;
     for (const entry_t *e = c->head; e; e = e->next)
         if (e != keep && !e->in_use && !e->doomed) idle += e->ws_bytes + e->graph_bytes;
-    return need <= c->opt.budget_bytes && c->st.bytes_held - idle + need <= c->opt.budget_bytes;
+    const size_t busy = c->st.bytes_held - idle; /* what no eviction can free */
+    return busy <= c->opt.budget_bytes && need <= c->opt.budget_bytes - busy;
 }
 
+/* Evicts LRU entries other than keep (not in use) until `need` more bytes
+ * fit the budget. True when they fit; false, nothing evicted, when they
+ * could not even with every idle entry gone (cap_could_fit). */
 bool cap_make_room(cap_cache_t *c, entry_t *keep, size_t need, evq_t *q) {
     CAP_ASSERT_LOCKED(&c->lock);
-    if (!c->opt.budget_bytes) return true;
     /* Evict nothing unless evicting every idle entry would make it fit: a
      * graph that cannot fit anyway must not cost the other keys theirs. */
     if (!cap_could_fit(c, keep, need)) return false;
-    while (c->st.bytes_held + need > c->opt.budget_bytes) {
+    if (!c->opt.budget_bytes) return true;
+    while (need > c->opt.budget_bytes - c->st.bytes_held) {
         entry_t *victim = NULL;
         for (entry_t *e = c->head; e; e = e->next)
             if (e != keep && !e->in_use && !e->doomed) victim = e; /* last = least recent */

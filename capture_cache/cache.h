@@ -31,7 +31,10 @@
  * can be captured side by side. A new entry is admitted only if its
  * workspace fits the budget (idle LRU entries are evicted to make room);
  * when it cannot fit, the call runs eagerly in a transient workspace
- * (declined budget_exceeded): a call never fails for lack of budget.
+ * (declined budget_exceeded): a call never fails for lack of budget. The
+ * arithmetic never wraps: a size that could not be added to what is held
+ * (a budget of SIZE_MAX, or none, and a workspace reporting most of the
+ * address space) is one that does not fit, declined the same way.
  *
  * A check that fails *declines* the call to eager with a reason; only a
  * permanent reason (verify_mismatch, backend_unavailable, or a capture that
@@ -181,7 +184,8 @@ typedef void (*cap_event_fn)(void *user, const cap_event_t *ev);
 typedef void (*cap_log_fn)(void *user, int level, const char *msg);
 
 typedef struct {
-    size_t budget_bytes;        /* graph + workspace bytes held; 0 = unlimited */
+    size_t budget_bytes;        /* graph + workspace bytes held; 0 = unlimited (up to
+                                 * SIZE_MAX held in all: see Entries above) */
     int warmup;                 /* eager runs before capture (0: a key's first call
                                  * captures, pinning nothing); < 0 means default 2 */
     cap_policy_t policy;

@@ -111,7 +111,9 @@ entry_t *cap_entry_make(cap_cache_t *c, kern_stream_t *s, int sidx, const cap_pr
         free(e);
         return NULL;
     }
-    e->ws_bytes += snap;
+    /* ws_bytes is the program's word: a sum past size_t stays SIZE_MAX (an
+     * entry no budget holds: cap_make_room declines it), never wraps. */
+    e->ws_bytes = e->ws_bytes > SIZE_MAX - snap ? SIZE_MAX : e->ws_bytes + snap;
     e->state = cap_warm_state(c);
     return e;
 }

@@ -4,6 +4,7 @@
  * test_capture_adversarial, test_cache_lifetimes) do not -- evictions,
  * syncs and shutdowns landing while a replay or a capture is in progress
  * on another thread, budgets that one graph cannot fit beside others,
+ * sizes whose sum would wrap past SIZE_MAX,
  * pinned inputs that change shape or buffer under a replay, weights that
  * change under a graph, and every field of a key, down to the tinydit
  * step's own keys. Every output is compared bit for bit with the plain
@@ -658,6 +659,121 @@ START_TEST(test_a_graph_that_cannot_fit_beside_others_evicts_only_what_makes_it_
 END_TEST
 
 
+/* The step with a workspace that reports g_huge_ws bytes: ws_bytes is the
+ * program's word, and the cache counts what it says (no ws_size: it
+ * measures after the allocation). */
+static size_t g_huge_ws;
+
+static size_t huge_ws_bytes(void *user, const void *ws) {
+    (void)user;
+    (void)ws;
+    return g_huge_ws;
+}
+
+static const cap_program_t HUGE_PROG = {
+    .name = "attack-huge", .n_inputs = 2, .n_outputs = 1, .pinnable = { false, true },
+    .ws_new = synth_ws_new, .ws_free = synth_ws_free, .ws_bytes = huge_ws_bytes,
+    .input = synth_input, .output = synth_output, .launch = synth_launch,
+    .n_components = 1, .components = { "wA" }, .weights = synth_weights,
+};
+
+/* A budget of SIZE_MAX (what --budget accepts) and two keys whose
+ * workspaces each report more than half the address space: together they
+ * exceed it, so each key's entry makes room by evicting the other's (lru)
+ * -- the byte count is never added past SIZE_MAX into a small sum that
+ * seems to fit both. Every call is the step's, bitwise. */
+START_TEST(test_two_entries_whose_bytes_overflow_size_t_never_share_a_size_max_budget) {
+    cap_options_t o = opts();
+    o.budget_bytes = SIZE_MAX;
+    C = new_cache(&o);
+    g_huge_ws = SIZE_MAX / 2 + 1;
+    static req_t a, b;
+    req_init(&a, &U, "attack:huge-a");
+    req_init(&b, &U, "attack:huge-b");
+    a.prog = b.prog = &HUGE_PROG;
+    for (int i = 0; i < 6; i++) {
+        req_t *r = i % 2 ? &b : &a;
+        fill(r->x, N);
+        call(r);
+        expect_bits(r, "huge workspaces taking turns", i);
+        cap_stats_t st = stats();
+        ck_assert_msg(st.entries == 1 && st.bytes_held >= g_huge_ws,
+                      "call %d: %zu entries holding %zu bytes: the count wrapped past SIZE_MAX", i, st.entries,
+                      st.bytes_held);
+        ck_assert_uint_eq(st.evictions[CAP_EVICT_LRU], (uint64_t)i);
+        ck_assert(cap_cache_invariants(C));
+    }
+}
+END_TEST
+
+/* Without a budget the counters still bound what is held: a second entry
+ * whose bytes could not be added to the first's is declined
+ * budget_exceeded and served in a transient workspace, never counted
+ * modulo 2^64; the first keeps its entry and captures. */
+START_TEST(test_without_a_budget_an_entry_whose_bytes_the_count_cannot_hold_declines_budget_exceeded) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    g_huge_ws = SIZE_MAX / 2 + 1;
+    static req_t a, b;
+    req_init(&a, &U, "attack:nobudget-a");
+    req_init(&b, &U, "attack:nobudget-b");
+    a.prog = b.prog = &HUGE_PROG;
+    warm_capture_replay(&a);
+    for (int i = 0; i < 3; i++) {
+        fill(b.x, N);
+        expect_eager(call(&b), CAP_DECLINE_BUDGET_EXCEEDED, "the second huge entry");
+        expect_bits(&b, "the second huge entry", i);
+        cap_stats_t st = stats();
+        ck_assert_uint_eq(st.entries, 1);
+        ck_assert_uint_ge(st.bytes_held, g_huge_ws);
+    }
+    fill(a.x, N);
+    expect_ran(call(&a), CAP_RAN_REPLAYED, "the first huge entry after the declines");
+    expect_bits(&a, "the first huge entry after the declines", 0);
+    ck_assert_uint_eq(stats().evictions[CAP_EVICT_LRU], 0);
+}
+END_TEST
+
+/* A budget of SIZE_MAX with a replay held on one stream (its entry in use:
+ * no eviction can free it) and, on another stream, a key whose workspace
+ * reports nearly SIZE_MAX bytes: the held bytes plus that wrap past
+ * SIZE_MAX to less than the budget; the call must decline
+ * budget_exceeded (a transient workspace), not be admitted. */
+START_TEST(test_a_need_that_wraps_past_size_max_beside_a_busy_entry_declines_budget_exceeded) {
+    cap_options_t o = opts();
+    o.budget_bytes = SIZE_MAX;
+    C = new_cache(&o);
+    kern_stream_t *s2 = kern_stream_new(B);
+    ck_assert_ptr_nonnull(s2);
+    static req_t a, b;
+    req_init(&a, &U, "attack:busy-a");
+    req_init(&b, &U, "attack:busy-b");
+    b.prog = &HUGE_PROG;
+    warm_capture_replay(&a);
+    const size_t held = stats().bytes_held;
+    ck_assert_uint_ge(held, 2 * 2 * sizeof b.x); /* b's own copy of its inputs must not saturate the sum */
+    g_huge_ws = SIZE_MAX - held / 2;
+    pthread_t t;
+    held_t h;
+    fill(a.x, N);
+    hold_call(&t, &h, S, &a);
+    for (int i = 0; i < 2; i++) {
+        fill(b.x, N);
+        expect_eager(call_on(s2, &b), CAP_DECLINE_BUDGET_EXCEEDED, "a need past SIZE_MAX beside a busy entry");
+        expect_bits(&b, "a need past SIZE_MAX beside a busy entry", i);
+        cap_stats_t st = stats();
+        ck_assert_uint_eq(st.entries, 1);
+        ck_assert_uint_eq(st.bytes_held, held);
+    }
+    release_call(t, &h);
+    expect_ran(h.res, CAP_RAN_REPLAYED, "the held replay");
+    expect_bits(&a, "the held replay", 0);
+    ck_assert_uint_eq(stats().evictions[CAP_EVICT_LRU], 0);
+    cap_cache_destroy(&C);
+    kern_stream_destroy(&s2);
+}
+END_TEST
+
 /* ==== 5. keys: what a graph depends on ============================================== */
 
 /* Every field of a capture key enters its text and its hash: a key that
@@ -942,6 +1058,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_a_pinned_input_of_another_shape_or_buffer_never_reaches_the_graph);
     tcase_add_test(tc, test_a_one_byte_budget_serves_every_call_transient_and_holds_nothing);
     tcase_add_test(tc, test_a_graph_that_cannot_fit_beside_others_evicts_only_what_makes_it_fit);
+    tcase_add_test(tc, test_two_entries_whose_bytes_overflow_size_t_never_share_a_size_max_budget);
+    tcase_add_test(tc, test_without_a_budget_an_entry_whose_bytes_the_count_cannot_hold_declines_budget_exceeded);
+    tcase_add_test(tc, test_a_need_that_wraps_past_size_max_beside_a_busy_entry_declines_budget_exceeded);
     tcase_add_test(tc, test_every_field_of_a_capture_key_changes_its_text_and_hash);
     tcase_add_test(tc, test_every_tinydit_step_shape_and_loop_has_its_own_key_and_its_own_workspace);
     tcase_add_test(tc, test_a_weight_re_laid_out_at_the_same_address_declines_weights_moved_never_replays_the_old_layout);
