@@ -330,12 +330,27 @@ void cap_admit_graph(cap_cache_t *c, entry_t *e, size_t gb) {
 
 /* ---- lookups -------------------------------------------------------------------- */
 
-/* The slot of stream s, made on first sight; -1 with a message when out of
- * memory. */
-int cap_stream_slot(cap_cache_t *c, kern_stream_t *s) {
+/* The slot of stream s, or -1 when the cache has none (never saw it, or
+ * forgot it). */
+int cap_stream_find(const cap_cache_t *c, const kern_stream_t *s) {
     CAP_ASSERT_LOCKED(&c->lock);
     for (int i = 0; i < c->n_streams; i++)
         if (c->streams[i]->s == s) return i;
+    return -1;
+}
+
+/* The slot of stream s, made on first sight (a forgotten stream's slot is
+ * given again: its mutex stays where it was); -1 with a message when out
+ * of memory. */
+int cap_stream_slot(cap_cache_t *c, kern_stream_t *s) {
+    CAP_ASSERT_LOCKED(&c->lock);
+    int i = cap_stream_find(c, s);
+    if (i >= 0) return i;
+    for (i = 0; i < c->n_streams; i++)
+        if (!c->streams[i]->s) {
+            c->streams[i]->s = s;
+            return i;
+        }
     if (c->n_streams == c->cap_streams) {
         int cap = c->cap_streams ? c->cap_streams * 2 : 8;
         stream_slot_t **n = realloc(c->streams, (size_t)cap * sizeof *n);
@@ -352,6 +367,28 @@ int cap_stream_slot(cap_cache_t *c, kern_stream_t *s) {
     sl->s = s;
     c->streams[c->n_streams] = sl;
     return c->n_streams++;
+}
+
+/* Evicts every entry of stream slot si (stream_gone) and gives the slot
+ * up: the caller holds the slot's lock and is in no call on it, so no
+ * entry of it is in use (only a call on a stream holds its entries).
+ * Returns how many were evicted. */
+int cap_stream_forget(cap_cache_t *c, int si, evq_t *q) {
+    CAP_ASSERT_LOCKED(&c->lock);
+    stream_slot_t *sl = c->streams[si];
+    CAP_ASSERT_LOCKED(&sl->mu);
+    assert(sl->depth == 0 && "a stream forgotten from a call on it");
+    int n = 0;
+    entry_t *next;
+    for (entry_t *e = c->head; e; e = next) {
+        next = e->next;
+        if (e->stream_idx != si) continue;
+        assert(!e->in_use && !e->doomed);
+        cap_evict(c, e, CAP_EVICT_STREAM_GONE, q, NULL, 0, 0);
+        n++;
+    }
+    sl->s = NULL;
+    return n;
 }
 
 /* The index of component name, or -1. The table changes under both the
@@ -460,6 +497,7 @@ static bool invariants(const cap_cache_t *c) {
         for (const entry_t *e = c->head; e; e = e->next)
             if (e->in_use && e->stream_idx == i) busy++;
         INV(c->streams[i]->depth >= 0);
+        INV(c->streams[i]->s || (c->streams[i]->depth == 0 && busy == 0)); /* forgotten: nothing of it left */
         INV(busy <= c->streams[i]->depth);     /* only a call on that stream holds its entries */
     }
     for (int i = 0; i < c->n_comp; i++) INV(c->comp[i].generation >= 1);

@@ -66,9 +66,18 @@
  * The program table and the user need live only while a dispatch that
  * passes them runs: an entry is freed whenever it is evicted (another
  * model's weight sync, the budget, a failed workspace allocation,
- * cap_evict_key, cap_cache_destroy), which may be after its user is gone,
- * so ws_free() and input() must not dereference user: a workspace keeps
- * what it needs to free itself (its backend, taken at ws_new).
+ * cap_evict_key, cap_forget_stream, cap_cache_destroy), which may be after
+ * its user is gone, so ws_free() and input() must not dereference user: a
+ * workspace keeps what it needs to free itself (its backend, taken at
+ * ws_new).
+ *
+ * Streams are not like users: an entry's graph was captured on its stream
+ * and its workspace made for it (on CUDA the graph bakes the stream's
+ * cuBLAS workspace), and a stream with live graphs may not be destroyed.
+ * A stream the cache has seen must be forgotten (cap_forget_stream) before
+ * it is destroyed, unless the cache goes first (cap_cache_destroy): the
+ * cache knows a stream by its address, so a stream made later at a dead
+ * one's address would otherwise be taken for it and handed its entries.
  *
  * Program callbacks: weights(), ws_size(), ws_free() and input() may run
  * with the cache's mutex held. From them a program may call
@@ -127,6 +136,7 @@ typedef enum {
     CAP_EVICT_DROPPED,              /* the graph only, its key kept: a decline (pinned_input_moved,
                                      * weights_moved, wrong_stream, mutable_input, verify_mismatch,
                                      * artifact_parity) says why; the key captures again or runs eagerly */
+    CAP_EVICT_STREAM_GONE,          /* its stream is going away (cap_forget_stream) */
     CAP_EVICT_COUNT
 } cap_evict_reason_t;
 
@@ -385,6 +395,20 @@ int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void 
  * cache). Returns how many were dropped, or -1 with a message for another
  * reason or an invalid key. */
 int cap_evict_key(cap_cache_t *c, const cap_key_t *key, cap_evict_reason_t reason);
+
+/* Forgets stream s before its owner destroys it (see Lifetimes): waits for
+ * a call on s in progress on another thread to end (as a dispatch on s
+ * would), evicts every entry of s (reason stream_gone, one event each,
+ * delivered before it returns), graphs and workspaces freed, and drops s
+ * from the cache's streams, so a stream made later at its address is a new
+ * one to the cache (its slot's index may be given to it). A stream the
+ * cache never saw, or forgot already, is nothing to forget: 0. The caller
+ * guarantees no call on s starts meanwhile; a dispatch on s afterwards
+ * starts s afresh. Returns how many entries were evicted; -1 with a
+ * message, nothing done, for a NULL cache or stream, or when called from
+ * a dispatch (a step's launch: it would wait for its own stream, or hold
+ * another's) or while this thread captures. */
+int cap_forget_stream(cap_cache_t *c, kern_stream_t *s);
 
 /* Evicts every entry (reason shutdown, one event each, delivered before it
  * returns), as cap_cache_destroy does, while the cache and its owner's

@@ -390,6 +390,16 @@ static int check_call(const cap_cache_t *c, const cap_program_t *p, const cap_ca
     return 0;
 }
 
+/* True when slot sl still belongs to stream s: a cap_forget_stream that
+ * ran while a call waited for the slot's lock gave the slot up (and maybe
+ * to another stream). */
+static bool slot_is(cap_cache_t *c, const stream_slot_t *sl, const kern_stream_t *s) {
+    cap_lock(&c->lock);
+    bool ours = sl->s == s;
+    cap_unlock(&c->lock);
+    return ours;
+}
+
 /* Takes the lock of the call's stream: its slot (index in *si), or NULL
  * with a message. Calls on one stream are serialized, so two threads sharing a
  * stream never bind, replay or copy out of one workspace at the same time.
@@ -401,17 +411,23 @@ static int check_call(const cap_cache_t *c, const cap_program_t *p, const cap_ca
 static stream_slot_t *lock_stream(dispatch_t *d, int *si) {
     cap_cache_t *c = d->c;
     bool nested = tl.depth > 0;
-    cap_lock(&c->lock);
-    *si = cap_stream_slot(c, d->s);
-    int oi = nested && kern_stream_backend(tl.s) == c->backend ? cap_stream_slot(c, tl.s) : -1;
-    stream_slot_t *sl = *si >= 0 ? c->streams[*si] : NULL, *osl = oi >= 0 ? c->streams[oi] : NULL;
-    cap_unlock(&c->lock);
-    if (!sl) return NULL;
-    if (!nested) {
-        cap_lock(&sl->mu);
-        return sl;
+    stream_slot_t *sl, *osl;
+    int oi;
+    for (;;) {
+        cap_lock(&c->lock);
+        *si = cap_stream_slot(c, d->s);
+        oi = nested && kern_stream_backend(tl.s) == c->backend ? cap_stream_slot(c, tl.s) : -1;
+        sl = *si >= 0 ? c->streams[*si] : NULL;
+        osl = oi >= 0 ? c->streams[oi] : NULL;
+        cap_unlock(&c->lock);
+        if (!sl) return NULL;
+        bool got = nested ? cap_trylock(&sl->mu) : (cap_lock(&sl->mu), true);
+        if (!got) break;
+        if (slot_is(c, sl, d->s)) return sl;
+        cap_unlock(&sl->mu); /* forgotten meanwhile: the stream is a new one now */
     }
-    if (cap_trylock(&sl->mu)) return sl;
+    /* The outer call's stream is this thread's (its lock held, so no
+     * forget of it can run): it needs no such check. */
     if (!osl || !cap_trylock(&osl->mu)) {
         reel_fail(REEL_E_STATE, "re-entrant dispatch: stream %d is busy on another thread and the outer call's stream "
                   "cannot serve it", *si);
@@ -421,6 +437,32 @@ static stream_slot_t *lock_stream(dispatch_t *d, int *si) {
     d->reason = CAP_DECLINE_ENTRY_BUSY;
     *si = oi;
     return osl;
+}
+
+int cap_forget_stream(cap_cache_t *c, kern_stream_t *s) {
+    if (!c || !s) return reel_fail(REEL_E_INVALID, "forget stream: no %s", c ? "stream" : "cache");
+    /* From a launch it would wait for its own stream's lock (recursive:
+     * taken, with the call's entry in use) or for another's while holding
+     * one (the deadlock Threads rules out); a capture may not free. */
+    if (tl.depth > 0)
+        return reel_fail(REEL_E_STATE, "forget stream: called from a dispatch (a step's launch may not forget a "
+                         "stream)");
+    if (cap_this_thread_captures()) return reel_fail(REEL_E_STATE, "forget stream while this thread captures a step");
+    evq_t q = { 0 };
+    int n = 0;
+    cap_lock(&c->lock);
+    int si = cap_stream_find(c, s);
+    stream_slot_t *sl = si >= 0 ? c->streams[si] : NULL;
+    cap_unlock(&c->lock);
+    if (!sl) return 0;
+    cap_lock(&sl->mu); /* a call on s in progress ends first */
+    cap_lock(&c->lock);
+    if (sl->s == s) n = cap_stream_forget(c, si, &q); /* else another thread forgot it meanwhile */
+    cap_unlock(&c->lock);
+    cap_unlock(&sl->mu);
+    cap_evq_flush(c, &q);
+    CHECK_INVARIANTS(c);
+    return n;
 }
 
 int cap_dispatch(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user,

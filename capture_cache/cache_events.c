@@ -17,6 +17,7 @@ static const char *reason_names[CAP_DECLINE_COUNT] = {
 };
 static const char *evict_names[CAP_EVICT_COUNT] = {
     "weight_sync", "lru", "shape_change", "explicit", "shutdown", "audit_mismatch", "dropped",
+    "stream_gone",
 };
 
 const char *cap_reason_name(cap_reason_t r) {

@@ -138,9 +138,10 @@ typedef struct {
 
 /* One stream the cache has seen: its lock serializes calls on it. Slots
  * are allocated one by one and never freed before the cache, so a mutex
- * never moves. */
+ * never moves; a forgotten stream's slot (s NULL: cap_forget_stream) is
+ * given to the next new stream. */
 typedef struct {
-    kern_stream_t *s;
+    kern_stream_t *s;       /* NULL: forgotten, free for another stream */
     cap_lock_t mu;          /* recursive */
     int depth;              /* calls inside mu (nesting); written under the cache lock */
 } stream_slot_t;
@@ -317,7 +318,9 @@ bool cap_evict_idle(cap_cache_t *c, evq_t *q, size_t need);
 bool cap_could_fit(const cap_cache_t *c, const entry_t *keep, size_t need);
 bool cap_make_room(cap_cache_t *c, entry_t *keep, size_t need, evq_t *q);
 void cap_admit_graph(cap_cache_t *c, entry_t *e, size_t gb);
+int cap_stream_find(const cap_cache_t *c, const kern_stream_t *s);
 int cap_stream_slot(cap_cache_t *c, kern_stream_t *s);
+int cap_stream_forget(cap_cache_t *c, int si, evq_t *q);
 int cap_comp_find(const cap_cache_t *c, const char *name);
 int cap_resolve_components(const cap_cache_t *c, const cap_program_t *p, int *comp);
 entry_t *cap_find(cap_cache_t *c, kern_stream_t *s, const cap_program_t *p, void *user, uint64_t hash,

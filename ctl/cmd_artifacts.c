@@ -153,7 +153,7 @@ static int run_loop(tdit_model_t *m, kern_backend_t *b, kern_stream_t *s, const 
     double t0 = ctl_now();
     int rc = tdit_generate_cached(m, c, s, NULL, sh, p, lat, ctx, NULL, out, st);
     *secs = ctl_now() - t0;
-    cap_cache_destroy(&c);
+    cap_cache_destroy(&c); /* before the caller's stream goes (cache.h, Lifetimes) */
     return rc;
 }
 

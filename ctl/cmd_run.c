@@ -524,6 +524,8 @@ static void report(const run_t *r) {
 
 /* Releases what the phases made; the error value is left as it was. */
 static void run_done(run_t *r) {
+    /* The cache goes before the stream its graphs were captured on (cache.h,
+     * Lifetimes: else cap_forget_stream first). */
     cap_cache_destroy(&r->cache);
     t2v_text_destroy(&r->text);
     t2v_vae_destroy(&r->vae);

@@ -4,7 +4,7 @@
  * test_capture_adversarial, test_cache_lifetimes) do not -- evictions,
  * syncs and shutdowns landing while a replay or a capture is in progress
  * on another thread, budgets that one graph cannot fit beside others,
- * sizes whose sum would wrap past SIZE_MAX,
+ * sizes whose sum would wrap past SIZE_MAX, streams that go away,
  * pinned inputs that change shape or buffer under a replay, weights that
  * change under a graph, and every field of a key, down to the tinydit
  * step's own keys. Every output is compared bit for bit with the plain
@@ -89,11 +89,16 @@ static int gate_kernel(void *ctx, const void *args) {
 
 /* ---- the step's hooks ------------------------------------------------------------ */
 
+static cap_cache_t *C; /* the cache under attack (the fixture's) */
+
 typedef struct user user_t;
 struct user {
     synth_user_t step;                  /* first: the step reads it at the user's address */
     void (*on_capture)(user_t *u);      /* at a capturing launch (once: cleared before it runs) */
     atomic_int capturing_launches;
+    kern_stream_t *forget_at_launch;    /* set: the next launch forgets it (cleared before) */
+    int forget_rc;
+    char forget_err[256];
 };
 _Static_assert(offsetof(user_t, step) == 0, "the step reads its synth_user_t at the user's address");
 
@@ -104,6 +109,12 @@ static int hook_before_add(synth_user_t *su, const synth_launch_t *l) {
         void (*f)(user_t *) = u->on_capture;
         u->on_capture = NULL;
         if (f) f(u);
+    }
+    if (u->forget_at_launch) {
+        kern_stream_t *t = u->forget_at_launch;
+        u->forget_at_launch = NULL;
+        u->forget_rc = cap_forget_stream(C, t);
+        snprintf(u->forget_err, sizeof u->forget_err, "%s", u->forget_rc < 0 ? reel_err_text() : "");
     }
     gate_args_t a = { &G };
     return kern_stream_launch(l->s, gate_kernel, &a, sizeof a);
@@ -122,7 +133,6 @@ static const cap_program_t PROG = {
 
 static kern_backend_t *B;
 static kern_stream_t *S;
-static cap_cache_t *C;
 static float *WA;
 static user_t U;
 static uint64_t rng;
@@ -1043,6 +1053,184 @@ START_TEST(test_a_weight_re_laid_out_at_the_same_address_declines_weights_moved_
 }
 END_TEST
 
+/* ==== 7. streams going away ============================================================ */
+
+/* The stream_gone evictions recorded are n, one of them a graph's (for
+ * key hash h_graph; none when h_graph is 0), the others of key h_none. */
+static void expect_stream_gone(int n, uint64_t h_graph, uint64_t h_none, const char *what) {
+    int got = 0, graphs = 0;
+    pthread_mutex_lock(&rec_mu);
+    for (int i = 0; i < n_recs; i++) {
+        if (recs[i].kind != CAP_EV_EVICT || recs[i].reason != CAP_EVICT_STREAM_GONE) continue;
+        got++;
+        graphs += recs[i].graph;
+        ck_assert_msg(recs[i].hash == (recs[i].graph ? h_graph : h_none), "%s: a stream_gone eviction of another key",
+                      what);
+    }
+    pthread_mutex_unlock(&rec_mu);
+    ck_assert_msg(got == n, "%s: %d stream_gone evictions, expected %d", what, got, n);
+    ck_assert_msg(graphs == (h_graph ? 1 : 0), "%s: %d of them told a graph", what, graphs);
+}
+
+/* A stream the cache holds a graph and a warming entry of is forgotten
+ * (cap_forget_stream) and then destroyed: both entries go (stream_gone,
+ * one a graph's), so the stream's destruction finds no graph of it alive
+ * (the backend asserts that); another stream's graph stays and replays.
+ * A stream made next -- at the dead one's address, as the allocator
+ * often gives it -- is a new stream to the cache: its keys warm up and
+ * capture on it, never finding the dead stream's entries. */
+START_TEST(test_a_forgotten_stream_can_be_destroyed_and_a_stream_made_after_it_starts_afresh) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    kern_stream_t *s2 = kern_stream_new(B);
+    ck_assert_ptr_nonnull(s2);
+    static req_t a, b, w;
+    req_init(&a, &U, "attack:stay");
+    req_init(&b, &U, "attack:gone");
+    req_init(&w, &U, "attack:gone-warming");
+    warm_capture_replay(&a);
+    warm_capture_replay_on(s2, &b);
+    for (int i = 0; i < 2; i++) expect_eager(call_on(s2, &w), CAP_DECLINE_WARMING_UP, "w on s2");
+    ck_assert_int_eq(cap_forget_stream(C, s2), 2);
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.entries, 1);
+    ck_assert_uint_eq(st.graphs, 1);
+    ck_assert_uint_eq(st.evictions[CAP_EVICT_STREAM_GONE], 2);
+    ck_assert_uint_eq(st.graphless_evictions[CAP_EVICT_STREAM_GONE], 1);
+    expect_stream_gone(2, cap_key_hash(&b.key), cap_key_hash(&w.key), "forget s2");
+    expect_graph_accounting("forget s2");
+    ck_assert_str_eq(cap_evict_reason_name(CAP_EVICT_STREAM_GONE), "stream_gone");
+    ck_assert_int_eq(cap_forget_stream(C, s2), 0); /* forgotten already */
+    kern_stream_destroy(&s2);
+    fill(a.x, N);
+    expect_ran(call(&a), CAP_RAN_REPLAYED, "the other stream's graph");
+    expect_bits(&a, "the other stream's graph", 0);
+    kern_stream_t *s3 = kern_stream_new(B);
+    ck_assert_ptr_nonnull(s3);
+    ck_assert_int_eq(cap_forget_stream(C, s3), 0); /* never seen */
+    for (int i = 0; i < 2; i++) {
+        fill(w.x, N);
+        expect_eager(call_on(s3, &w), CAP_DECLINE_WARMING_UP, "w on the new stream");
+        expect_bits(&w, "w on the new stream", i);
+    }
+    fill(w.x, N);
+    expect_ran(call_on(s3, &w), CAP_RAN_CAPTURED, "w's third call on the new stream");
+    expect_bits(&w, "w's third call on the new stream", 0);
+    warm_capture_replay_on(s3, &b);
+    ck_assert(cap_cache_invariants(C));
+    expect_graph_accounting("the new stream");
+    ck_assert_int_eq(cap_forget_stream(C, s3), 2);
+    kern_stream_destroy(&s3);
+    ck_assert_uint_eq(stats().entries, 1);
+}
+END_TEST
+
+/* The cache knows a stream by its address, so a stream forgotten and then
+ * used again stands for a new stream made at a dead one's address
+ * (deterministically: no allocator involved): its key warms up and
+ * captures again; the old graph, baked for the stream as it was, never
+ * replays. */
+START_TEST(test_a_stream_used_again_after_it_was_forgotten_never_replays_its_old_graph) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    kern_stream_t *s2 = kern_stream_new(B);
+    ck_assert_ptr_nonnull(s2);
+    static req_t b;
+    req_init(&b, &U, "attack:again");
+    warm_capture_replay_on(s2, &b);
+    ck_assert_int_eq(cap_forget_stream(C, s2), 1);
+    ck_assert_uint_eq(stats().bytes_held, 0);
+    warm_capture_replay_on(s2, &b); /* warming_up twice, then a capture: never the old graph */
+    ck_assert_uint_eq(stats().captures, 2);
+    expect_graph_accounting("used again");
+    cap_cache_destroy(&C);
+    kern_stream_destroy(&s2);
+}
+END_TEST
+
+static kern_stream_t *g_forget_s;
+static atomic_bool g_forget_started;
+static int g_forget_rc;
+
+static void *forget_main(void *arg) {
+    (void)arg;
+    atomic_store(&g_forget_started, true);
+    g_forget_rc = cap_forget_stream(C, g_forget_s);
+    return NULL;
+}
+
+/* A stream forgotten while another thread's replay on it is held
+ * mid-graph: the forget waits for the stream as a dispatch would, so the
+ * replay ends on its own entry and graph (never freed under it: ASan; the
+ * invariants, checked after each call in ASan and TSan builds, see no
+ * entry of a stream given up), its result the step's; then the entry goes
+ * (stream_gone, a graph) and the stream can be destroyed. */
+START_TEST(test_forgetting_a_stream_waits_for_a_replay_held_on_it) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    kern_stream_t *s2 = kern_stream_new(B);
+    ck_assert_ptr_nonnull(s2);
+    static req_t b;
+    req_init(&b, &U, "attack:forget-held");
+    warm_capture_replay_on(s2, &b);
+    pthread_t t, f;
+    held_t h;
+    fill(b.x, N);
+    hold_call(&t, &h, s2, &b);
+    g_forget_s = s2;
+    atomic_store(&g_forget_started, false);
+    g_forget_rc = -2;
+    ck_assert_int_eq(pthread_create(&f, NULL, forget_main, NULL), 0);
+    ck_assert(wait_true(&g_forget_started));
+    release_call(t, &h);
+    pthread_join(f, NULL);
+    ck_assert_int_eq(g_forget_rc, 1);
+    expect_ran(h.res, CAP_RAN_REPLAYED, "the held replay");
+    expect_bits(&b, "the held replay", 0);
+    cap_stats_t st = stats();
+    ck_assert_uint_eq(st.entries + st.graphs + st.bytes_held, 0);
+    expect_stream_gone(1, cap_key_hash(&b.key), 0, "forget held");
+    expect_graph_accounting("forget held");
+    kern_stream_destroy(&s2);
+}
+END_TEST
+
+/* What cap_forget_stream refuses, changing nothing: a NULL cache or
+ * stream, and a forget from a step's launch (it would wait for its own
+ * stream, or for another while holding one). The stream it named keeps
+ * its graph. */
+START_TEST(test_forget_stream_refuses_a_null_cache_or_stream_and_a_call_from_a_launch) {
+    cap_options_t o = opts();
+    C = new_cache(&o);
+    kern_stream_t *s2 = kern_stream_new(B);
+    ck_assert_ptr_nonnull(s2);
+    reel_err_clear();
+    ck_assert_int_eq(cap_forget_stream(NULL, S), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "cache"));
+    ck_assert_int_eq(cap_forget_stream(C, NULL), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "stream"));
+    static req_t a, b;
+    req_init(&a, &U, "attack:forget-launch-a");
+    req_init(&b, &U, "attack:forget-launch-b");
+    warm_capture_replay_on(s2, &b);
+    for (int k = 0; k < 2; k++) { /* another stream's, then the launch's own */
+        U.forget_at_launch = k == 0 ? s2 : S;
+        U.forget_rc = 0;
+        fill(a.x, N);
+        call(&a);
+        expect_bits(&a, "a call whose launch forgets a stream", k);
+        ck_assert_msg(U.forget_rc == -1 && strstr(U.forget_err, "from a dispatch"), "forget from a launch: %d (%s)",
+                      U.forget_rc, U.forget_err);
+    }
+    ck_assert_uint_eq(stats().evictions[CAP_EVICT_STREAM_GONE], 0);
+    fill(b.x, N);
+    expect_ran(call_on(s2, &b), CAP_RAN_REPLAYED, "s2's graph after the refusals");
+    expect_bits(&b, "s2's graph after the refusals", 0);
+    cap_cache_destroy(&C);
+    kern_stream_destroy(&s2);
+}
+END_TEST
+
 /* ==== the suite ============================================================================ */
 
 static Suite *suite(void) {
@@ -1064,6 +1252,10 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_every_field_of_a_capture_key_changes_its_text_and_hash);
     tcase_add_test(tc, test_every_tinydit_step_shape_and_loop_has_its_own_key_and_its_own_workspace);
     tcase_add_test(tc, test_a_weight_re_laid_out_at_the_same_address_declines_weights_moved_never_replays_the_old_layout);
+    tcase_add_test(tc, test_a_forgotten_stream_can_be_destroyed_and_a_stream_made_after_it_starts_afresh);
+    tcase_add_test(tc, test_a_stream_used_again_after_it_was_forgotten_never_replays_its_old_graph);
+    tcase_add_test(tc, test_forgetting_a_stream_waits_for_a_replay_held_on_it);
+    tcase_add_test(tc, test_forget_stream_refuses_a_null_cache_or_stream_and_a_call_from_a_launch);
     suite_add_tcase(s, tc);
     return s;
 }

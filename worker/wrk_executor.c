@@ -1437,6 +1437,12 @@ void wrk_exec_destroy(wrk_exec_t **xp) {
         wrk_stream_t *st = &x->s[i];
         for (int k = 0; k < st->npool; k++) tdit_staging_destroy(&st->pool[k]);
         for (int k = 0; k < st->nmix; k++) tdit_mix_destroy(&st->mix[k]);
+        /* A cache that outlives the streams must forget each before it
+         * goes (cache.h, Lifetimes): its graphs were captured on it, and a
+         * stream made later at its address must not be handed its entries.
+         * The streams are stopped: no step runs on them. */
+        if (st->ks && x->w->cache && cap_forget_stream(x->w->cache, st->ks) < 0)
+            wrk_log(x->w, "stream %d: %s", i, reel_err_text());
         kern_stream_destroy(&st->ks);
         free(st->pw);
         pthread_mutex_destroy(&st->pw_mu);
