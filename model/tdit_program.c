@@ -536,14 +536,19 @@ int tdit_req_step(tdit_req_t *r, cap_cache_t *c, kern_stream_t *s, cap_result_t 
 
 struct tdit_mix {
     tdit_model_t *m;
+    kern_backend_t *b;         /* m's: what zero was allocated from */
     tdit_shape_t one;          /* the members' shape */
     tdit_shape_t shape;        /* the batch's: one, B samples, mixed */
     bool sde;
     tdit_staging_t *stg;       /* the batch's inputs, [B,...] */
     size_t lat_bytes, ctx_bytes; /* one sample's latent, one sample's context */
-    uint64_t ctx_of[TDIT_MAX_BATCH]; /* the request (uid) whose contexts row b holds; 0: none */
+    uint64_t ctx_of[TDIT_MAX_BATCH]; /* the request (uid) whose contexts row b holds; 0: zeros;
+                                      * CTX_UNKNOWN: a copy into it failed */
+    void *zero;                /* max(lat_bytes, ctx_bytes) zero bytes on the device: padding's source */
     bool prewarm;              /* its steps ask the cache to capture at once (tdit_mix_set_prewarm) */
 };
+
+#define CTX_UNKNOWN UINT64_MAX /* never a request's uid (they count from 1) */
 
 void tdit_mix_set_prewarm(tdit_mix_t *x, bool on) { x->prewarm = on; }
 
@@ -583,11 +588,16 @@ tdit_mix_t *tdit_mix_new(tdit_model_t *m, kern_stream_t *s, const tdit_shape_t *
     const kern_tensor_t *lat = &x->stg->t[IN_LATENT], *ctx = &x->stg->t[IN_CONTEXT];
     x->lat_bytes = kern_tensor_bytes(lat) / (size_t)B;
     x->ctx_bytes = kern_tensor_bytes(ctx) / (size_t)B;
-    /* Rows no request holds run too (a padded batch): zeros, never garbage. */
+    /* Rows no request holds run too (a padded batch): zeros, never garbage
+     * -- and never what a request that left the row put there (its latent,
+     * stepped on since, maybe not finite; its contexts): tdit_mix_step
+     * zeroes a padded row from x->zero before each step. */
     size_t most = kern_tensor_bytes(lat) > kern_tensor_bytes(ctx) ? kern_tensor_bytes(lat) : kern_tensor_bytes(ctx);
     void *zero = calloc(1, most);
     if (!zero) { reel_fail(REEL_E_NOMEM, "out of memory"); goto err; }
-    int rc = 0;
+    size_t row = x->lat_bytes > x->ctx_bytes ? x->lat_bytes : x->ctx_bytes;
+    x->b = tdit_model_backend(m);
+    int rc = (x->zero = kern_alloc(x->b, row)) ? kern_copy_h2d(s, x->zero, zero, row) : -1;
     for (int i = 0; rc == 0 && i < x->stg->n; i++)
         if (i == IN_LATENT || i == IN_CONTEXT || (i == IN_UNCOND && one->cfg))
             rc = kern_copy_h2d(s, kern_tensor_ptr(&x->stg->t[i]), zero, kern_tensor_bytes(&x->stg->t[i]));
@@ -602,6 +612,7 @@ err:
 
 void tdit_mix_destroy(tdit_mix_t **xp) {
     if (!xp || !*xp) return;
+    if ((*xp)->zero) kern_free((*xp)->b, (*xp)->zero);
     tdit_staging_destroy(&(*xp)->stg);
     free(*xp);
     *xp = NULL;
@@ -643,11 +654,25 @@ int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c,
         tdit_staging_t *rs = reqs[b]->stg;
         if (d2d(s, lat + (size_t)b * x->lat_bytes, kern_tensor_ptr(&rs->t[IN_LATENT]), x->lat_bytes)) return -1;
         if (x->ctx_of[b] == reqs[b]->uid) continue; /* its contexts are there from its last step */
-        x->ctx_of[b] = 0;
+        x->ctx_of[b] = CTX_UNKNOWN;
         if (d2d(s, ctx + (size_t)b * x->ctx_bytes, kern_tensor_ptr(&rs->t[IN_CONTEXT]), x->ctx_bytes) ||
             (unc && d2d(s, unc + (size_t)b * x->ctx_bytes, kern_tensor_ptr(&rs->t[IN_UNCOND]), x->ctx_bytes)))
             return -1;
         x->ctx_of[b] = reqs[b]->uid;
+    }
+    /* Padding computes from zeros: the last step wrote its own result into
+     * a padded row's latent, and a row a request left still holds that
+     * request's contexts. Every op keeps a sample's rows to themselves
+     * (bitwise: tests/row_groups_check.h), so no real row's bits depend on
+     * it; zeros keep what padding computes the same whoever came before. */
+    for (int64_t b = n; b < B; b++) {
+        if (d2d(s, lat + (size_t)b * x->lat_bytes, x->zero, x->lat_bytes)) return -1;
+        if (x->ctx_of[b] == 0) continue;
+        x->ctx_of[b] = CTX_UNKNOWN;
+        if (d2d(s, ctx + (size_t)b * x->ctx_bytes, x->zero, x->ctx_bytes) ||
+            (unc && d2d(s, unc + (size_t)b * x->ctx_bytes, x->zero, x->ctx_bytes)))
+            return -1;
+        x->ctx_of[b] = 0;
     }
     if (kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_SIGMAS]), sig, (size_t)B * (size_t)sw * sizeof *sig) ||
         kern_copy_h2d(s, kern_tensor_ptr(&st->t[IN_GUIDANCE]), gd, (size_t)B * sizeof *gd) ||
@@ -683,6 +708,14 @@ int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c,
     }
     if (out) *out = res;
     return 0;
+}
+
+int tdit_mix_read(tdit_mix_t *x, kern_stream_t *s, float *out, size_t n) {
+    const kern_tensor_t *t = &x->stg->t[IN_LATENT];
+    if ((int64_t)n != kern_tensor_numel(t))
+        return reel_fail(REEL_E_INVALID, "mix read: buffer of %zu values, the batch's latent has %lld", n,
+                         (long long)kern_tensor_numel(t));
+    return req_download(s, t, out);
 }
 
 int tdit_req_steps_done(const tdit_req_t *r) { return r->done; }

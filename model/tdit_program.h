@@ -158,9 +158,10 @@ int tdit_req_read(tdit_req_t *r, kern_stream_t *s, float *out, size_t n);
  * own point of its own loop, with its own σ schedule, guidance, seed, eta
  * and contexts. Their step runs as one batch of B rows (the shape's
  * `mixed`, key cap_key_denoise_mixed), n <= B of them holding requests and
- * the rest padding; each request's step is bitwise the step it would have
- * run alone, and everything that follows a step (records, versions, counts)
- * is the same too. */
+ * the rest padding (zeros: whatever requests held those rows before); each
+ * request's step is bitwise the step it would have run alone, and
+ * everything that follows a step (records, versions, counts) is the same
+ * too. */
 typedef struct tdit_mix tdit_mix_t;
 
 /* True when r can step in a mixed batch: one sample, not a multistep
@@ -187,6 +188,11 @@ int tdit_mix_step(tdit_mix_t *x, tdit_req_t *const *reqs, int n, cap_cache_t *c,
 /* Marks x's steps prewarm calls (as tdit_req_set_prewarm): a batch of its
  * size captures at once, skipping warmup. */
 void tdit_mix_set_prewarm(tdit_mix_t *x, bool on);
+/* The batch's latent, all B rows as the last step left them (a padded
+ * row: what the step computed from zeros with row 0's σ, guidance and SDE
+ * parameters), into out[n] as F32: for tests and debugging. 0, or -1 with
+ * a message (n is not the batch's element count, or a copy failed). */
+int tdit_mix_read(tdit_mix_t *x, kern_stream_t *s, float *out, size_t n);
 
 #ifdef __cplusplus
 }

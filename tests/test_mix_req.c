@@ -4,8 +4,9 @@
  * contexts), joining and leaving between steps, padded batches, CFG on and
  * off, Euler and SDE with recorded trajectories, means and log-probs: each
  * request's every output bitwise the same request stepped alone. Mixed
- * steps capture once per batch size and replay with any members. What a
- * mix refuses. On the CPU with the tiny config. */
+ * steps capture once per batch size and replay with any members. Padded
+ * rows compute from zeros whoever held them before. What a mix refuses.
+ * On the CPU with the tiny config. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -320,6 +321,51 @@ START_TEST(test_a_mixed_step_captures_once_per_batch_size_and_replays_for_new_me
 }
 END_TEST
 
+/* A batch's padded rows compute from zeros, whoever held them before:
+ * after two requests that stepped in rows 1 and 2 leave, a step of one
+ * request padded to 3 rows is bitwise -- padding included -- the same
+ * request's first step in a fresh batch (its padding zeros from the
+ * start), never a step of the leavers' latents and contexts. CFG on, so
+ * the unconditional contexts count too; Euler (_i 0) and SDE (_i 1). */
+START_TEST(test_padded_rows_hold_zeros_not_what_requests_that_left_put_there) {
+    const bool sde = _i == 1;
+    fx_t f;
+    fx_open(&f);
+    tdit_shape_t sh = one(true);
+    enum { B = 3 };
+    static float want[B * NL], got[B * NL];
+    spec_t sp[4];
+    for (int k = 0; k < 4; k++) spec(&sp[k], k, sde, 41);
+    /* the reference: request 0's first step in a fresh batch */
+    tdit_mix_t *fresh = tdit_mix_new(f.m, f.s, &sh, sde, B);
+    TS_NEW(fresh);
+    tdit_req_t *r0 = start(&f, &sp[0], true);
+    bool adv;
+    TS_OK(tdit_mix_step(fresh, &r0, 1, f.c, f.s, NULL, &adv));
+    TS_OK(tdit_mix_read(fresh, f.s, want, B * NL));
+    /* a batch whose rows 1 and 2 held two requests for two steps */
+    tdit_mix_t *used = tdit_mix_new(f.m, f.s, &sh, sde, B);
+    TS_NEW(used);
+    tdit_req_t *full[B] = { start(&f, &sp[3], true), start(&f, &sp[1], true), start(&f, &sp[2], true) };
+    for (int i = 0; i < 2; i++) TS_OK(tdit_mix_step(used, full, B, f.c, f.s, NULL, &adv));
+    tdit_req_t *twin = start(&f, &sp[0], true);
+    TS_OK(tdit_mix_step(used, &twin, 1, f.c, f.s, NULL, &adv));
+    TS_OK(tdit_mix_read(used, f.s, got, B * NL));
+    for (int b = 0; b < B; b++)
+        ck_assert_msg(!memcmp(got + b * NL, want + b * NL, NL * sizeof(float)),
+                      "row %d of a batch whose padding requests left differs from a fresh batch's", b);
+    ck_assert_int_eq(tdit_req_stats(twin)->padded_rows, B - 1);
+    size_t n_bad = 1;
+    ck_assert_int_eq(tdit_mix_read(used, f.s, got, n_bad), -1); /* not the batch's size */
+    for (int k = 0; k < B; k++) tdit_req_destroy(&full[k]);
+    tdit_req_destroy(&twin);
+    tdit_req_destroy(&r0);
+    tdit_mix_destroy(&used);
+    tdit_mix_destroy(&fresh);
+    fx_close(&f);
+}
+END_TEST
+
 START_TEST(test_mixes_refuse_what_they_cannot_run_and_leave_the_requests_as_they_were) {
     fx_t f;
     fx_open(&f);
@@ -420,6 +466,7 @@ int main(void) {
     tcase_add_test(tc, test_requests_in_random_mixes_with_joins_and_leaves_are_each_bitwise_alone);
     tcase_add_test(tc, test_a_mixed_step_captures_once_per_batch_size_and_replays_for_new_members);
     tcase_add_test(tc, test_mixes_refuse_what_they_cannot_run_and_leave_the_requests_as_they_were);
+    tcase_add_loop_test(tc, test_padded_rows_hold_zeros_not_what_requests_that_left_put_there, 0, 2);
     tcase_add_loop_test(tc, test_a_sync_between_mixed_steps_is_bitwise_the_requests_alone_across_it, 0, 4);
     tcase_add_test(tc, test_a_mixed_key_differs_from_a_group_key_and_refuses_multistep);
     tcase_add_test(tc, test_sde_on_the_unipc_grid_in_random_mixes_and_across_a_sync_is_each_bitwise_alone);
