@@ -710,9 +710,8 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
     double secs = res->stats.seconds ? res->stats.seconds : (double)(brk_now_ms() - r->accepted_ms) / 1000.0;
     char ckey[17], why[256];
     brk_cq_request(b->cat, r->client_id, w->route.name, msg_hex64(res->key_hash, hex), res->version, r->steps,
-                   (int)res->stats.captured, (int)res->stats.replayed, (int)res->stats.eager, secs, "ok",
-                   res->encode_seconds, res->decode_seconds, (int)res->stats.batched, (int)res->stats.batch_rows,
-                   (int)res->stats.padded_rows, res->stats.capture_key ? msg_hex64(res->stats.capture_key, ckey) : NULL,
+                   res->stats.captured, res->stats.replayed, res->stats.eager, secs, "ok", res->encode_seconds,
+                   res->decode_seconds, res->stats.batched, res->stats.batch_rows, res->stats.padded_rows, res->stats.capture_key ? msg_hex64(res->stats.capture_key, ckey) : NULL,
                    eager_reasons(&res->stats.declines, why, sizeof why), NULL, started_at(r), r->id);
     req_free(b, r);
 }

@@ -198,9 +198,9 @@
  * is the broker's id of it (REQUEST's id, the one its worker's log
  * names; id is the client's). */
 #define CAT_REQUEST(F)                                                                             \
-    F(U64, id) F(TEXT, worker) F(TEXT, key_hash) F(U64, version) F(INT, steps) F(INT, captured)    \
-    F(INT, replayed) F(INT, eager) F(F64, seconds) F(TEXT, status) F(F64, encode_seconds)           \
-    F(F64, decode_seconds) F(INT, batched_steps) F(INT, batch_rows) F(INT, padded_rows)             \
+    F(U64, id) F(TEXT, worker) F(TEXT, key_hash) F(U64, version) F(INT, steps) F(U64, captured)    \
+    F(U64, replayed) F(U64, eager) F(F64, seconds) F(TEXT, status) F(F64, encode_seconds)           \
+    F(F64, decode_seconds) F(U64, batched_steps) F(U64, batch_rows) F(U64, padded_rows)             \
     F(OPT, capture_key) F(OPT, eager_reasons) F(OPT, error) F(F64, started) F(U64, broker_id) F(TIME, t)
 #define CAT_SQL_REQUEST                                                                            \
     "INSERT INTO requests (id, worker, key_hash, version, steps, captured, replayed, eager,"       \

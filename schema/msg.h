@@ -55,6 +55,7 @@ extern "C" {
 #define MSG_MAX_FHW ((int64_t)1 << 24)   /* F x H x W */
 #define MSG_MAX_GEN_BYTES ((uint64_t)256 << 20) /* a GEN's tensors; also C·F·H·W·4 */
 #define MSG_MAX_GROUP 64                        /* samples of one GEN ("n") */
+#define MSG_MAX_BATCH_ROWS 64                   /* rows of one batched step (a worker's --max-batch at most) */
 #define MSG_MAX_STREAMS 1024
 #define MSG_MAX_INFLIGHT 65536
 #define MSG_MAX_MODELS 16                /* models one worker serves */
@@ -624,7 +625,10 @@ static inline uint64_t msg_gen_n(const msg_gen_t *g) { return g->n > 1 ? g->n : 
  * RESULT): version at least `required` (and 1), first_version no newer;
  * `latent` and exactly the rollout tensors asked for, F32 of their
  * shapes (a group's with its leading [n]); a group's n and seeds, none
- * for one sample; version runs from 0, in order, inside the n x N grid.
+ * for one sample; version runs from 0, in order, inside the n x N grid;
+ * stats no more than the n x N steps ran (captured + replayed + eager,
+ * batched, the declines; batch_rows and padded_rows at most
+ * MSG_MAX_BATCH_ROWS a batched step), seconds not negative.
  * 0, or -1 with err naming the fault (code internal: the worker broke). */
 int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t required, wire_err_t *err);
 /* SYNC: exactly one of path, uploaded and inline tensors (inline only

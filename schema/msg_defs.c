@@ -687,6 +687,35 @@ static int decoded_ok(const msg_result_t *r, const msg_gen_t *g, wire_err_t *err
     return 0;
 }
 
+/* A RESULT's stats against the n x N steps its request could run: every
+ * step runs once, captured, replayed or eager (a group's sub-batches and
+ * the parts it is split into each count their own batched steps, at most
+ * one per sample), an eager one under one decline reason; a batched step
+ * has at most MSG_MAX_BATCH_ROWS rows, padding included. Counts past
+ * that (2^64 - 1, say) would reach the client, STATUS steps_* and the
+ * catalog as if they ran. */
+static int stats_ok(const msg_stats_t *s, uint64_t steps, wire_err_t *err) {
+    uint64_t declined = 0;
+    for (int i = 0; i < s->declines.n; i++) {
+        if (s->declines.e[i].n > steps)
+            return refuse(err, WIRE_E_INTERNAL, "RESULT: stats.declines.%s %" PRIu64 ", more than the %" PRIu64
+                          " steps its request runs", s->declines.e[i].name, s->declines.e[i].n, steps);
+        declined += s->declines.e[i].n; /* (at most 32 of <= 2^20 each: no overflow) */
+    }
+    if (s->captured > steps || s->replayed > steps || s->eager > steps ||
+        s->captured + s->replayed + s->eager > steps || s->batched > steps || declined > steps)
+        return refuse(err, WIRE_E_INTERNAL, "RESULT: stats count %" PRIu64 " captured, %" PRIu64 " replayed, %" PRIu64
+                      " eager, %" PRIu64 " batched and %" PRIu64 " declined steps, more than the %" PRIu64
+                      " its request runs", s->captured, s->replayed, s->eager, s->batched, declined, steps);
+    if (s->batch_rows > s->batched * MSG_MAX_BATCH_ROWS || s->padded_rows > s->batched * MSG_MAX_BATCH_ROWS)
+        return refuse(err, WIRE_E_INTERNAL, "RESULT: stats count %" PRIu64 " batch rows and %" PRIu64 " padded rows "
+                      "in %" PRIu64 " batched steps, more than %d a step", s->batch_rows, s->padded_rows, s->batched,
+                      MSG_MAX_BATCH_ROWS);
+    if (s->seconds < 0)
+        return refuse(err, WIRE_E_INTERNAL, "RESULT: stats.seconds %g is negative", s->seconds);
+    return 0;
+}
+
 int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t required, wire_err_t *err) {
     uint64_t n = msg_gen_n(g), N = g->steps;
     bool group = n > 1;
@@ -740,7 +769,7 @@ int msg_result_check(const msg_result_t *r, const msg_gen_t *g, uint64_t require
             return refuse(err, WIRE_E_INTERNAL, "RESULT: version_runs[%zu] (from %" PRIu64 ", version %" PRIu64
                           ") is not a run of its %" PRIu64 " x %" PRIu64 " steps", i, v->from, v->version, n, N);
     }
-    return 0;
+    return stats_ok(&r->stats, n * N, err);
 }
 
 int msg_sync_validate(const msg_sync_t *s, bool inline_ok, wire_err_t *err) {

@@ -9,7 +9,8 @@ worker serves, so every GEN of it is routed to the fake) registers beside a
 real reel-worker serving "tiny", and sends what a broken or hostile worker
 could: junk, unknown types, RESULTs for requests it was never sent, for
 another worker's request, twice, of the wrong shape, dtype, count or
-values, PROGRESS past its end, acks of versions never sent, a READY that
+values or with stats of more steps than the request runs, PROGRESS past
+its end, acks of versions never sent, a READY that
 changes its model, FETCHes past the end of an upload, HEARTBEATs
 announcing messages that never come. After each, the broker must still
 answer a real client's tiny GEN bitwise as at the start, never hand a
@@ -278,9 +279,14 @@ def run_broker(a):
         ("with a NaN latent", {}, [("latent", "F32", (4, 1, 8, 8), f32(latent_nan))]),
         ("at version 0", {"version": 0}, None),
         ("with stats of the wrong type", {"stats": "fast"}, None),
+        ("claiming 2^64-1 captured steps", {"stats": {"captured": 2 ** 64 - 1, "replayed": 0, "eager": 0,
+                                                      "declines": {}, "seconds": 0.01}}, None),
+        ("claiming more steps than its request runs", {"stats": {"captured": 2, "replayed": 2, "eager": 0,
+                                                                 "declines": {}, "seconds": 0.01}}, None),
         ("of a group's n for a single sample", {"n": 4, "seeds": [1, 2, 3, 4]}, None),
         ("with version_runs past its steps", {"version_runs": [{"from": 0, "version": 1}, {"from": 99, "version": 1}]}, None),
     ]
+    st0 = status()
     for what, fields, tensors in bad_results:
         cid, rid = fake_request()
         if rid is None:
@@ -290,6 +296,9 @@ def run_broker(a):
         m = client.wait(is_answer(cid), 10)
         say(m is not None and m[0]["type"] == "ERROR" and m[0].get("code") == "internal"
             and "bad RESULT" in str(m[0].get("message")), f"a RESULT {what} ends its request as internal ({why(m)})")
+    st = status()
+    counted = [(st or {}).get(k, -1) - (st0 or {}).get(k, 0) for k in ("steps_captured", "steps_replayed", "steps_eager")]
+    say(counted == [0, 0, 0], f"STATUS steps_* count nothing of the refused RESULTs ({counted})")
     # the good RESULT that comes after a bad one is not forwarded too
     fake.send(*result(rid))
     extra = [h for h, _ in client.drain(0.5) if h.get("id") == cid]

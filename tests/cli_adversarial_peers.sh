@@ -5,6 +5,7 @@
 #   1. the broker's worker socket: a fake worker beside a real one sends
 #      junk, unknown types, RESULTs for requests it was never sent, for
 #      another worker's, twice, of the wrong shape, dtype, count or values,
+#      or stats of more steps than the request runs,
 #      PROGRESS past its end, acks of versions never sent, READYs with
 #      impossible loads or a live worker's name or another model mid-life,
 #      FETCHes past the end of an upload, and HEARTBEATs announcing large

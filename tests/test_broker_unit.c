@@ -1788,6 +1788,69 @@ START_TEST(test_a_result_that_does_not_fit_its_request_ends_it_as_internal) {
 }
 END_TEST
 
+/* A worker's RESULT stats are bounded by what its request could run: n x
+ * steps steps (2 here), each captured, replayed or eager, an eager one
+ * under one decline reason, and at most MSG_MAX_BATCH_ROWS rows a batched
+ * step. Before, a worker claiming 2^64 - 1 captured steps had them
+ * forwarded to the client, added to STATUS steps_captured and cast to int
+ * in the catalog. Now such a RESULT ends its request as internal, as
+ * other impossible RESULTs do, and nothing of it is counted; one at the
+ * bound is forwarded and counted. */
+START_TEST(test_a_result_claiming_more_steps_than_its_request_runs_ends_it_as_internal) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    brk_worker_t *w = brk_worker_named(&x.b, "w0");
+    static float lat[4 * 2 * 8 * 8];
+    const int64_t ls[4] = { 4, 2, 8, 8 };
+    struct { const char *key; uint64_t v; const char *decline; const char *want; } cases[] = {
+        { "captured", UINT64_MAX, NULL, "18446744073709551615 captured" },
+        { "replayed", 3, NULL, "3 replayed" },
+        { "eager", 1, NULL, "more than the 2 its request runs" }, /* 2 captured besides: 3 steps */
+        { "batched", 3, NULL, "3 batched" },
+        { "batch_rows", 65, NULL, "65 batch rows" }, /* in 1 batched step */
+        { "eager", 2, "warming_up", "stats.declines.warming_up 3" },
+        { "captured", 2, NULL, NULL }, /* at the bound: forwarded */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        client_gen(&x, 700 + k, "tiny", false);
+        wire_msg_t *q = take(x.w[0], false);
+        uint64_t id = q->id;
+        drop_msg(&q);
+        wire_val_t *h = wire_hdr("RESULT", id), *stats = wv_map();
+        wv_set(h, "version", wv_u64(1));
+        if (k == 2) wv_set(stats, "captured", wv_u64(2));
+        if (k == 4) wv_set(stats, "batched", wv_u64(1));
+        wv_set(stats, cases[k].key, wv_u64(cases[k].v));
+        if (cases[k].decline) {
+            wire_val_t *d = wv_map();
+            wv_set(d, cases[k].decline, wv_u64(3));
+            wv_set(stats, "declines", d);
+        }
+        wv_set(h, "stats", stats);
+        wire_tensor_t t = ts_wire_tensor("latent", KERN_F32, 4, ls, lat, sizeof lat);
+        ck_assert_int_eq(wire_send(x.w[0], NULL, h, &t, 1), 0);
+        wv_free(&h);
+        deliver(&x, true);
+        wire_msg_t *d = answer(&x);
+        ck_assert_uint_eq(d->id, 700 + k);
+        if (cases[k].want) {
+            ck_assert_str_eq(d->type, "ERROR");
+            ck_assert_str_eq(wv_get_str(d->hdr, "code"), "internal");
+            ck_assert_msg(strstr(wv_get_str(d->hdr, "message"), cases[k].want), "case %zu: '%s' lacks '%s'", k,
+                          wv_get_str(d->hdr, "message"), cases[k].want);
+            ck_assert_uint_eq(x.b.metrics.steps_captured + x.b.metrics.steps_replayed + x.b.metrics.steps_eager, 0);
+        } else {
+            ck_assert_str_eq(d->type, "RESULT");
+        }
+        drop_msg(&d);
+        ck_assert_int_eq(w->route.inflight, 0);
+    }
+    ck_assert_uint_eq(x.b.metrics.steps_captured, 2);
+    box_close(&x);
+}
+END_TEST
+
 /* A header that breaks after its id and type (trailing bytes, a duplicate
  * key: the tokenizer refuses it before the envelope is read) is still a
  * RESULT or ERROR naming a request its worker holds: it ends that request
@@ -5191,6 +5254,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_request_larger_than_the_broker_may_ever_hold_is_too_large_and_one_that_must_wait_busy);
     tcase_add_test(an, test_more_requests_in_flight_than_id_buckets_are_each_answered_under_their_own_id);
     tcase_add_test(an, test_a_result_that_does_not_fit_its_request_ends_it_as_internal);
+    tcase_add_test(an, test_a_result_claiming_more_steps_than_its_request_runs_ends_it_as_internal);
     tcase_add_test(an, test_a_result_whose_header_breaks_after_its_type_still_ends_its_request);
     tcase_add_test(an, test_a_worker_error_code_outside_the_protocol_reaches_the_client_as_internal);
     tcase_add_test(an, test_a_gen_resent_while_its_request_lives_is_attached_and_answered_once_to_the_resend);

@@ -531,6 +531,27 @@ START_TEST(test_migration_5_drops_the_request_indexes_and_recent_requests_stay_n
 }
 END_TEST
 
+/* A request row's step counts are stored whole, whatever uint a worker's
+ * RESULT carried (the broker bounds them by the request's steps; the
+ * catalog does not rely on it). Before, they went through an int: 3e9
+ * captured steps read back negative. */
+START_TEST(test_a_request_rows_counts_are_stored_whole_past_int) {
+    cat_t *c = open_ok(false);
+    const uint64_t big = 3000000000u, bigger = (uint64_t)1 << 40;
+    ck_assert_int_eq(cat_request(c, 1, "w0", "00000000000000aa", 1, 4, big, big + 1, big + 2, 0.1, "ok", 0.0, 0.0,
+                                 bigger, bigger + 1, bigger + 2, NULL, NULL, NULL, NAN, 0, 12), 0);
+    cat_close(&c);
+    sqlite3 *db = raw_open(true);
+    ck_assert_int_eq(raw_int(db, "SELECT captured FROM requests"), (long long)big);
+    ck_assert_int_eq(raw_int(db, "SELECT replayed FROM requests"), (long long)big + 1);
+    ck_assert_int_eq(raw_int(db, "SELECT eager FROM requests"), (long long)big + 2);
+    ck_assert_int_eq(raw_int(db, "SELECT batched_steps FROM requests"), (long long)bigger);
+    ck_assert_int_eq(raw_int(db, "SELECT batch_rows FROM requests"), (long long)bigger + 1);
+    ck_assert_int_eq(raw_int(db, "SELECT padded_rows FROM requests"), (long long)bigger + 2);
+    sqlite3_close(db);
+}
+END_TEST
+
 /* Migration 15 adds the stream of an eviction: rows written before it read
  * null (and "-" in the table), new rows their stream. */
 START_TEST(test_migration_15_evictions_before_it_have_no_stream) {
@@ -2226,6 +2247,7 @@ static Suite *catalog_suite(void) {
     tcase_add_test(tc, test_reopening_existing_catalog_keeps_rows_and_does_not_remigrate);
     tcase_add_test(tc, test_newer_user_version_is_refused_with_clear_message);
     tcase_add_test(tc, test_migration_15_evictions_before_it_have_no_stream);
+    tcase_add_test(tc, test_a_request_rows_counts_are_stored_whole_past_int);
     tcase_add_test(tc, test_readonly_open_of_missing_file_fails_naming_the_path);
     tcase_add_test(tc, test_a_foreign_database_or_a_non_file_is_refused_untouched);
     tcase_add_test(tc, test_readonly_catalog_refuses_writes_with_message);

@@ -818,6 +818,10 @@ static int step_locked(wrk_stream_t *st, wrk_job_t *j) {
 
 /* ---- mixed batches ---------------------------------------------------------- */
 
+/* (the broker refuses a RESULT counting more rows a batched step than
+ * MSG_MAX_BATCH_ROWS: schema/msg.h) */
+_Static_assert(TDIT_MAX_BATCH <= MSG_MAX_BATCH_ROWS, "a mixed step's rows must stay within what a RESULT may count");
+
 /* The rows a batch of n runs as: n (--batch-sizes exact), else the next
  * power of two, at most --max-batch. */
 static int batch_rows(const wrk_t *w, int n) {
