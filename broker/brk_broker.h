@@ -288,6 +288,8 @@ typedef struct {
     int64_t handling_ms;       /* when brk_handle took up the message it handles now */
     int64_t next_heartbeat_ms;
     uint64_t malformed;              /* unreadable messages (answered ERROR while the peer's budget lasts) */
+    uint64_t worker_refused;         /* registered workers' messages refused or dropped for what they said
+                                      * (BRK_WORKER_REFUSED; STATUS worker_refused) */
     uint64_t undelivered;            /* messages a peer could not take (queue full, or gone): dropped */
     uint64_t fetch_bytes_shared;     /* FETCH_DATA bytes sent from an arriving UPLOAD chunk's frame */
     uint64_t fetch_bytes_read;       /* ... and read back from --weights-dir for it */
@@ -330,5 +332,15 @@ static inline void brk_note_applying(brk_t *b) {
         }
     }
 }
+
+/* A registered worker's message refused or dropped for what it said (a
+ * bad RESULT, PROGRESS, SYNC_ACK or EVENTS, a reply for a request it does
+ * not hold, an ack of a version never sent): counted (STATUS
+ * worker_refused) and logged within the worker's share of the log. */
+#define BRK_WORKER_REFUSED(b, w, ...)                                    \
+    do {                                                                 \
+        (b)->worker_refused++;                                           \
+        brk_log_limited(&(w)->log, (w)->route.name, __VA_ARGS__);        \
+    } while (0)
 
 #endif

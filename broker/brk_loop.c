@@ -178,10 +178,12 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r)
 /* A final reply that cannot be read still ends the request: the client is
  * answered internal rather than left waiting for its deadline. */
 static void bad_reply(brk_t *b, brk_worker_t *w, const wire_msg_t *m, const wire_err_t *bad, msg_error_t *e) {
-    brk_log_limited(&w->log, w->route.name, "worker %s sent a bad %s: %s", w->route.name, m->type, bad->message);
+    BRK_WORKER_REFUSED(b, w, "worker %s sent a bad %s: %s", w->route.name, m->type, bad->message);
     snprintf(e->code, sizeof e->code, "%s", WIRE_E_INTERNAL);
     snprintf(e->message, sizeof e->message, "worker %s sent a bad %s: %s", w->route.name, m->type, bad->message);
+    uint64_t counted = b->worker_refused; /* one message: counted once, also when it names no request it holds */
     brk_req_error(b, w, m->id, e);
+    b->worker_refused = counted;
 }
 
 static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
@@ -239,8 +241,10 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
         w->dead = true;
         w->dead_why = "disconnect";
         break;
-    case MSG_PROGRESS:
+    case MSG_PROGRESS: /* (no answer: a PROGRESS ends nothing, and the worker has nothing to retry) */
         if (msg_progress_decode(m, &u->progress, &err) == 0) brk_req_progress(b, w, m->id, &u->progress);
+        else BRK_WORKER_REFUSED(b, w, "worker %s sent a bad PROGRESS for request %llu (dropped): %s", w->route.name,
+                                (unsigned long long)m->id, err.message);
         break;
     case MSG_RESULT:
         if (msg_result_decode(m, &u->result, &err) == 0) brk_req_result(b, w, m->id, &u->result, m);
@@ -255,15 +259,13 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
             brk_sync_ack(b, w, m->id, &u->ack);
             brk_workers_prewarm(b, w, brk_now_ms(), brk_current_version(b, BRK_COMPONENT));
         } else {
-            brk_log_limited(&w->log, w->route.name, "worker %s sent a bad SYNC_ACK (ignored): %s", w->route.name,
-                            err.message);
+            BRK_WORKER_REFUSED(b, w, "worker %s sent a bad SYNC_ACK (ignored): %s", w->route.name, err.message);
             BAD_REPLY(b, true, m, err.code, "SYNC_ACK: %s", err.message);
         }
         break;
     case MSG_EVENTS:
         if (msg_events_decode(m, &u->events, &err) == 0) brk_workers_events(b, w, &u->events);
-        else brk_log_limited(&w->log, w->route.name, "worker %s sent bad EVENTS (dropped): %s", w->route.name,
-                             err.message);
+        else BRK_WORKER_REFUSED(b, w, "worker %s sent bad EVENTS (dropped): %s", w->route.name, err.message);
         break;
     default:
         BAD_REPLY(b, true, m, WIRE_E_UNKNOWN, "unknown message type '%.64s' on the worker socket", m->type);
@@ -304,7 +306,9 @@ void brk_handle(brk_t *b, bool worker_side, wire_msg_t **mp, int rc, const wire_
                 snprintf(u.error.code, sizeof u.error.code, "%s", WIRE_E_INTERNAL);
                 snprintf(u.error.message, sizeof u.error.message, "worker %s sent a bad %s: %s", w->route.name,
                          ty, err->message);
+                uint64_t counted = b->worker_refused; /* (counted as malformed above, not twice) */
                 brk_req_error(b, w, m->id, &u.error);
+                b->worker_refused = counted;
             }
         }
     } else if (worker_side) {

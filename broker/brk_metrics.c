@@ -170,6 +170,9 @@ static void render(brk_t *b, reel_text_t *t) {
     reel_prom_sample(t, "reel_broker_fetch_bytes_total", "from=\"file\"", (double)b->fetch_bytes_read);
     reel_prom_family(t, "reel_broker_malformed_total", "counter", "Unreadable messages received.");
     reel_prom_sample(t, "reel_broker_malformed_total", "", (double)b->malformed);
+    reel_prom_family(t, "reel_broker_worker_refused_total", "counter",
+                     "Registered workers' messages refused or dropped for what they said (each logged).");
+    reel_prom_sample(t, "reel_broker_worker_refused_total", "", (double)b->worker_refused);
     reel_prom_family(t, "reel_broker_undelivered_total", "counter",
                      "Messages a peer could not take (its queue full, or gone): dropped.");
     reel_prom_sample(t, "reel_broker_undelivered_total", "", (double)b->undelivered);

@@ -613,10 +613,10 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
 static brk_req_t *held_by(brk_t *b, brk_worker_t *w, uint64_t id, msg_type_t type, const char *detail) {
     brk_req_t *r = req_by_id(b, id);
     if (r && r->worker == w) return r;
+    /* (a split group's last PROGRESS may come after its RESULT: no fault) */
     if (type != MSG_PROGRESS)
-        brk_log_limited(&w->log, w->route.name, "worker %s sent %s for unknown request %llu (discarded)%s%s",
-                        w->route.name, msg_type_name(type), (unsigned long long)id, detail ? ": " : "",
-                        detail ? detail : "");
+        BRK_WORKER_REFUSED(b, w, "worker %s sent %s for unknown request %llu (discarded)%s%s", w->route.name,
+                           msg_type_name(type), (unsigned long long)id, detail ? ": " : "", detail ? detail : "");
     return NULL;
 }
 
@@ -652,10 +652,10 @@ void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress
                    frames = msg_gen_decodes(&r->gen) && r->gen.latent_shape[1] > 0 ? (uint64_t)r->gen.latent_shape[1] : 0;
     if (p->step > p->steps || p->decoded > p->decode_frames || p->steps > n * r->gen.steps ||
         p->decode_frames > n * frames) {
-        brk_log_limited(&w->log, w->route.name, "worker %s sent PROGRESS %llu of %llu (%llu of %llu frames) for "
-                        "request %llu: past its end, dropped", w->route.name, (unsigned long long)p->step,
-                        (unsigned long long)p->steps, (unsigned long long)p->decoded,
-                        (unsigned long long)p->decode_frames, (unsigned long long)id);
+        BRK_WORKER_REFUSED(b, w, "worker %s sent PROGRESS %llu of %llu (%llu of %llu frames) for request %llu: past "
+                           "its end, dropped", w->route.name, (unsigned long long)p->step,
+                           (unsigned long long)p->steps, (unsigned long long)p->decoded,
+                           (unsigned long long)p->decode_frames, (unsigned long long)id);
         return;
     }
     const uint64_t at = p->step + p->decoded, of = p->steps + p->decode_frames;
@@ -673,7 +673,7 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
         /* A RESULT a client could not use ends the request as the worker's fault. */
         msg_error_t e;
         memset(&e, 0, sizeof e);
-        brk_log_limited(&w->log, w->route.name, "worker %s sent a bad RESULT (%s)", w->route.name, bad.message);
+        BRK_WORKER_REFUSED(b, w, "worker %s sent a bad RESULT (%s)", w->route.name, bad.message);
         snprintf(e.code, sizeof e.code, "%s", WIRE_E_INTERNAL);
         /* bad.message may already name the type (a field error: "RESULT: ...") */
         const char *why = strncmp(bad.message, "RESULT: ", 8) ? bad.message : bad.message + 8;

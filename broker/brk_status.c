@@ -98,6 +98,7 @@ void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
     for (const brk_barrier_t *s = b->barriers; s; s = s->next)
         if (s->sync) note_version(&r->pending, s->component, s->version);
     r->malformed = b->malformed;
+    r->worker_refused = b->worker_refused;
     r->catalog_dropped = brk_catq_dropped(b->cat) + b->orphan_events_lost;
     r->catalog_failures = brk_catq_failures(b->cat);
     r->catalog_pending = brk_catq_pending(b->cat);

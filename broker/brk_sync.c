@@ -871,8 +871,8 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
     /* A worker applies only what it was sent: an ack of a version it never
      * got (2^63-1, say) would make it eligible for every request. */
     if (!ws || version > ws->sent) {
-        brk_log_limited(&w->log, w->route.name, "worker %s acked %s v%llu, which it was never sent: ignored",
-                        w->route.name, comp, (unsigned long long)version);
+        BRK_WORKER_REFUSED(b, w, "worker %s acked %s v%llu, which it was never sent: ignored", w->route.name, comp,
+                           (unsigned long long)version);
         return;
     }
     /* The answer to an earlier SYNC of this version (sent by this broker

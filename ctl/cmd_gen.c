@@ -1003,6 +1003,8 @@ static void status_json(const msg_status_reply_t *r, FILE *f) {
                           "requests_ok", (json_int_t)r->requests_ok, "requests_failed", (json_int_t)r->requests_failed,
                           "steps_replayed", (json_int_t)r->steps_replayed, "steps_eager", (json_int_t)r->steps_eager,
                           "steps_captured", (json_int_t)r->steps_captured, "models", models);
+    if (o && r->worker_refused) /* (absent while 0, as on the wire) */
+        json_object_set_new(o, "worker_refused", json_integer((json_int_t)r->worker_refused));
     if (o && r->ha_state[0]) /* one of a standby pair */
         json_object_set_new(o, "ha", json_pack("{s:s, s:s, s:I, s:s}", "state", r->ha_state, "role", r->ha_role,
                                                "term", (json_int_t)r->ha_term, "peer", r->ha_peer));
@@ -1041,6 +1043,9 @@ static void status_text(const msg_status_reply_t *r, const char *broker) {
     if (r->malformed || r->undelivered || r->replies_suppressed || r->auth_refused)
         printf("peers: %" PRIu64 " malformed, %" PRIu64 " undelivered, %" PRIu64 " answers suppressed, %" PRIu64
                " handshakes refused\n", r->malformed, r->undelivered, r->replies_suppressed, r->auth_refused);
+    if (r->worker_refused)
+        printf("workers: %" PRIu64 " message%s refused or dropped for what %s said (the broker's log names each)\n",
+               r->worker_refused, r->worker_refused == 1 ? "" : "s", r->worker_refused == 1 ? "it" : "they");
     if (r->auth_refused_peers) { /* from how many peers, and the latest few (--json: all the broker keeps) */
         printf("handshakes refused: %" PRIu64 " from %" PRIu64 " peer%s; most recently:\n", r->auth_refused,
                r->auth_refused_peers, r->auth_refused_peers == 1 ? "" : "s");
@@ -1098,6 +1103,8 @@ int ctl_broker_metrics(const char *broker, FILE *out) {
     fprintf(out, "reel_broker_workers{state=\"unroutable\"} %" PRIu64 "\n", (uint64_t)r->n_workers - routable);
     prom(out, "reel_broker_queue_depth", "gauge", "Requests waiting for a worker.", r->queue);
     prom(out, "reel_broker_malformed_total", "counter", "Unreadable messages received.", r->malformed);
+    prom(out, "reel_broker_worker_refused_total", "counter",
+         "Registered workers' messages refused or dropped for what they said (each logged).", r->worker_refused);
     prom(out, "reel_broker_undelivered_total", "counter",
          "Messages dropped because their peer could not take them (queue full or gone).", r->undelivered);
     prom(out, "reel_broker_replies_suppressed_total", "counter",

@@ -500,6 +500,8 @@ typedef struct {
     msg_versions_t versions;     /* current version per component */
     msg_versions_t pending;      /* newest version nobody applied yet */
     uint64_t malformed, catalog_dropped;
+    uint64_t worker_refused;     /* registered workers' messages refused or dropped for what they said
+                                  * (optional: absent while 0, and from an older broker) */
     uint64_t catalog_failures;   /* catalog batches the store refused for now (retried) */
     uint64_t catalog_pending;    /* catalog records waiting to be written */
     uint64_t undelivered;        /* messages a peer could not take (queue full or gone): dropped */

@@ -389,6 +389,7 @@ static const msg_field_t status_reply_rows[] = {
     R_COUNTS(msg_status_reply_t, versions, "versions", 0),
     R_COUNTS(msg_status_reply_t, pending, "pending", 0),
     R_U64(msg_status_reply_t, malformed, "malformed", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, worker_refused, "worker_refused", F_OMIT, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, catalog_dropped, "catalog_dropped", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, catalog_failures, "catalog_failures", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, catalog_pending, "catalog_pending", 0, 0, UINT64_MAX, 0),

@@ -343,6 +343,7 @@ def run_broker(a):
 
     # 7. PROGRESS past its end, backwards, of the wrong type: never forwarded
     cid, rid = fake_request(progress=True)
+    refused0 = (status() or {}).get("worker_refused", 0)
     for p in ({"step": 5, "steps": 3}, {"step": 2 ** 64 - 1, "steps": 2 ** 64 - 1}, {"step": "one", "steps": 3},
               {"step": 1, "steps": 3, "decoded": 1, "decode_frames": 1}, {"step": 2, "steps": 3}, {"step": 1, "steps": 3}):
         fake.send(dict(p, type="PROGRESS", id=rid))
@@ -356,6 +357,8 @@ def run_broker(a):
     steps = [(h.get("step"), h.get("steps")) for h in got if h.get("type") == "PROGRESS"]
     say(steps == [(2, 3)] and got and got[-1].get("type") == "RESULT",
         f"only a PROGRESS the request can have reaches the client, never backwards ({steps})")
+    refused = (status() or {}).get("worker_refused", 0) - refused0
+    say(refused == 4, f"a PROGRESS of bad fields and those past their end count in STATUS worker_refused ({refused})")
 
     # 8. SYNC_ACKs: of a version never sent, and of the wrong types
     fake.send({"type": "SYNC_ACK", "id": 0, "component": "transformer", "version": 2 ** 63 - 1, "ok": True})

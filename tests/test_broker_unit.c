@@ -2239,6 +2239,52 @@ START_TEST(test_progress_out_of_order_never_goes_backwards_and_the_result_names_
 }
 END_TEST
 
+/* A worker's PROGRESS whose fields are wrong (a step of the wrong type, a
+ * total that is no uint) is dropped, logged within the worker's share of
+ * the log and counted in STATUS worker_refused, as a PROGRESS past its
+ * end and a bad RESULT are. Before, it was dropped with no trace at all. */
+START_TEST(test_a_progress_with_bad_fields_is_dropped_and_counted_as_a_worker_refusal) {
+    box_t x;
+    box_open(&x);
+    void *c = x.trainer;
+    ready(&x, 0, 1);
+    wire_val_t *h = gen_hdr(9, TOKEN_A, 7);
+    wv_set(h, "progress", wv_bool(true));
+    gen_send(&x, c, h, 0);
+    uint64_t rid = request_on(&x, 0);
+    ck_assert_uint_eq(x.b.worker_refused, 0);
+    wire_val_t *p = wire_hdr("PROGRESS", rid);
+    wv_set(p, "step", wv_str("one"));
+    wv_set(p, "steps", wv_u64(2));
+    from_worker(&x, 0, p);
+    p = wire_hdr("PROGRESS", rid);
+    wv_set(p, "step", wv_u64(1)); /* a total that is no uint */
+    wv_set(p, "steps", wv_f64(2.5));
+    from_worker(&x, 0, p);
+    ck_assert_uint_eq(x.b.worker_refused, 2);
+    progress_from(&x, rid, 7, 2, 0, 0); /* past its end */
+    ck_assert_uint_eq(x.b.worker_refused, 3);
+    quiet(c, "the client (bad PROGRESS dropped)");
+    progress_from(&x, rid, 1, 2, 0, 0); /* a good one still goes on */
+    expect_progress(c, 9, 1, 2, 0);
+    h = wire_hdr("STATUS", 11);
+    ck_assert_int_eq(wire_send(c, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(&x, false);
+    wire_msg_t *d = take(c, false);
+    ck_assert_str_eq(d->type, "STATUS_REPLY");
+    ck_assert_uint_eq(u64_of(d, "worker_refused"), 3);
+    ck_assert_uint_eq(u64_of(d, "malformed"), 0);
+    drop_msg(&d);
+    serve(&x, rid);
+    d = take(c, false);
+    ck_assert_str_eq(d->type, "RESULT");
+    drop_msg(&d);
+    all_answered(&x);
+    box_close(&x);
+}
+END_TEST
+
 /* Worker 0 ends request rid with an ERROR; the client gets it under id,
  * and nothing is left live. */
 static void end_by_worker(box_t *x, void *c, uint64_t rid, uint64_t id) {
@@ -5259,6 +5305,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_worker_error_code_outside_the_protocol_reaches_the_client_as_internal);
     tcase_add_test(an, test_a_gen_resent_while_its_request_lives_is_attached_and_answered_once_to_the_resend);
     tcase_add_test(an, test_progress_out_of_order_never_goes_backwards_and_the_result_names_the_brokers_boot);
+    tcase_add_test(an, test_a_progress_with_bad_fields_is_dropped_and_counted_as_a_worker_refusal);
     tcase_add_test(an, test_a_groups_progress_runs_to_n_times_its_steps_and_frames_and_no_further);
     tcase_add_test(an, test_a_latent_gens_progress_never_counts_decoded_frames);
     tcase_add_test(an, test_a_decoded_gens_progress_counts_its_frames_on_and_never_past_the_end);
