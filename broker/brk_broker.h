@@ -61,10 +61,20 @@ typedef struct {
 /* One worker's progress on one component's syncs: what it was sent, and
  * why it is behind when it is (STATUS shows it as lagging with that
  * reason). */
+#define BRK_SENT_KEPT 8            /* versions of one component a worker's acks are checked against */
+
 typedef struct {
     char component[BRK_NAME_MAX];
     uint64_t sent;             /* newest SYNC version sent (or reported at READY) */
     uint64_t sent_id;          /* the id of the SYNC that sent it (0: reported at READY) */
+    /* The versions it was sent (or reported at READY), the last
+     * BRK_SENT_KEPT of them, a ring at n_sent % BRK_SENT_KEPT: an ack of
+     * any other is refused (a worker sent v5 acking v3, never sent, was
+     * recorded as running v3). More than BRK_SENT_KEPT SYNCs unacked at
+     * once would take an old one's ack for never sent: logged, and its
+     * later acks come in turn. */
+    uint64_t sent_v[BRK_SENT_KEPT];
+    unsigned n_sent;
     bool waiting;              /* its ack of `sent` has not come, and no deadline passed */
     uint64_t failed;           /* the version `why` is about (0: none) */
     char why[128];             /* its error applying `failed`, or "no ack within the sync deadline" */

@@ -135,6 +135,19 @@ static const brk_wsync_t *wsync_of(const brk_worker_t *w, const char *component)
     return worker_sync((brk_worker_t *)w, component, false);
 }
 
+/* Whether version is one of the last BRK_SENT_KEPT ws was sent (or its
+ * worker reported at READY). */
+static bool was_sent(const brk_wsync_t *ws, uint64_t version) {
+    for (unsigned i = 0; i < ws->n_sent && i < BRK_SENT_KEPT; i++)
+        if (ws->sent_v[i] == version) return true;
+    return false;
+}
+
+static void note_sent(brk_wsync_t *ws, uint64_t version) {
+    if (was_sent(ws, version)) return;
+    ws->sent_v[ws->n_sent++ % BRK_SENT_KEPT] = version;
+}
+
 /* The index of (component, version) among the syncs a broker restart
  * interrupted, or -1. */
 static int interrupted_at(const brk_t *b, const char *component, uint64_t version) {
@@ -151,6 +164,7 @@ static int interrupted_at(const brk_t *b, const char *component, uint64_t versio
 static int sync_send(brk_t *b, brk_worker_t *w, uint64_t sync_id, const msg_sync_t *s) {
     if (!w->route.routable || brk_worker_send(b, w, MSG_SYNC, sync_id, s, NULL) != 0) return -1;
     brk_wsync_t *ws = worker_sync(w, s->component, true);
+    if (ws) note_sent(ws, s->version); /* (a base sent after its adapter too) */
     if (ws && s->version >= ws->sent) {
         ws->sent = s->version;
         ws->sent_id = sync_id;
@@ -341,6 +355,7 @@ void brk_sync_joined(brk_t *b, brk_worker_t *w) {
         if (ws) {
             ws->sent = w->route.versions[i].version;
             ws->sent_id = 0;
+            note_sent(ws, ws->sent);
         }
     }
     resend_waiting(b, w, true);
@@ -861,16 +876,21 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
      * applied after this worker registered here at the version before): it
      * was sent, by that broker; taken, and the version made current again
      * below (rejoin_interrupted). */
-    bool late = ok && ws && version > ws->sent && interrupted_at(b, comp, version) >= 0;
+    bool late = ok && ws && !was_sent(ws, version) && interrupted_at(b, comp, version) >= 0;
     if (late) {
         brk_log("worker %s applied %s v%llu, sent by the broker before a restart", w->route.name, comp,
                 (unsigned long long)version);
-        ws->sent = version;
-        ws->sent_id = 0;
+        if (version > ws->sent) {
+            ws->sent = version;
+            ws->sent_id = 0;
+        }
+        note_sent(ws, version);
     }
     /* A worker applies only what it was sent: an ack of a version it never
-     * got (2^63-1, say) would make it eligible for every request. */
-    if (!ws || version > ws->sent) {
+     * got (2^63-1, say) would make it eligible for every request; one older
+     * than the last it was sent, but never sent (v3 when v5 was), would
+     * record it at that version. */
+    if (!ws || !was_sent(ws, version)) {
         BRK_WORKER_REFUSED(b, w, "worker %s acked %s v%llu, which it was never sent: ignored", w->route.name, comp,
                            (unsigned long long)version);
         return;

@@ -4658,6 +4658,32 @@ START_TEST(test_an_ack_of_a_version_a_worker_was_never_sent_is_ignored) {
 END_TEST
 
 
+/* An ack of a version below the last one sent, but never sent itself, is
+ * refused too. Before, the broker remembered only the newest version it
+ * sent a worker: one sent v5 that acked v3 ok was recorded as running v3
+ * (eligible for requests that need it). Now it stays at v1, the refusal
+ * counted, and its ack of v5 then counts. */
+START_TEST(test_an_ack_of_an_older_version_never_sent_is_ignored) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    trainer_sync(&x, 1, 5, SHA_A);
+    expect_sync(&x, 0, 5);
+    ack(&x, 0, 3, NULL);
+    ck_assert_uint_eq(brk_peer_version(&x.b.w[0]->route, "transformer"), 1);
+    ck_assert_uint_eq(x.b.worker_refused, 1);
+    ack(&x, 0, 1, NULL); /* the version it reported at READY: no refusal */
+    ck_assert_uint_eq(x.b.worker_refused, 1);
+    ack(&x, 0, 5, NULL);
+    ck_assert_uint_eq(brk_peer_version(&x.b.w[0]->route, "transformer"), 5);
+    wire_msg_t *d = answer(&x);
+    ck_assert(done_complete(d));
+    drop_msg(&d);
+    ck_assert_uint_eq(x.b.worker_refused, 1);
+    box_close(&x);
+}
+END_TEST
+
 /* Worker i receives a SYNC of `version`; its id. */
 static uint64_t expect_sync_id(box_t *x, int i, uint64_t version) {
     wire_msg_t *m = take(x->w[i], false);
@@ -5349,6 +5375,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(se, test_a_refused_peer_is_a_key_from_an_address_on_one_socket);
     tcase_add_test(se, test_a_peer_cycling_keys_keeps_the_refused_table_bounded);
     tcase_add_test(se, test_an_ack_of_a_version_a_worker_was_never_sent_is_ignored);
+    tcase_add_test(se, test_an_ack_of_an_older_version_never_sent_is_ignored);
     tcase_add_test(se, test_an_ack_answering_an_earlier_sync_of_the_version_is_ignored);
     tcase_add_test(se, test_a_sync_deadline_of_2_63_is_clamped_not_overflowed);
     tcase_add_test(se, test_versions_past_2_63_and_paths_past_1023_bytes_are_bad_request);
