@@ -836,8 +836,18 @@ static void expect_key_refused(const msg_prewarm_key_t *k, const tdit_config_t *
     ck_assert_msg(strstr(err.message, want) != NULL, "message '%s' lacks '%s'", err.message, want);
 }
 
+/* A job held as handle_request holds one: its id, its session. */
+static wrk_job_t *held_job(wrk_t *w, uint64_t id) {
+    wrk_job_t *j = calloc(1, sizeof *j);
+    ck_assert_ptr_nonnull(j);
+    j->id = id;
+    j->epoch = atomic_load(&w->epoch);
+    ck_assert_int_eq(wrk_hold_take(w, j), 0);
+    return j;
+}
+
 /* A CANCEL names only a REQUEST that came before it (one connection keeps
- * order): one of an id the worker does not run is ignored, as
+ * order): one of an id the worker does not hold is ignored, as
  * docs/PROTOCOL.md says, and a REQUEST of that id afterwards runs. Before,
  * the note waited in the ring and stopped that later REQUEST before its
  * first step (tests/cli_adversarial_peers.sh, a fake broker). A second
@@ -847,16 +857,53 @@ START_TEST(test_a_cancel_stops_only_the_requests_of_its_id_taken_before_it) {
     ck_assert_ptr_nonnull(w);
     ck_assert_int_eq(wrk_shared_init(w), 0);
     atomic_init(&w->epoch, 1);
-    ck_assert(!wrk_cancelled(w, 1, 7, 1)); /* none noted */
-    wrk_cancel_note(w, 7);                 /* before any REQUEST of id 7 */
-    uint64_t later = ++w->requests_taken;  /* REQUEST 7 comes after it */
-    ck_assert_msg(!wrk_cancelled(w, 1, 7, later), "a CANCEL stopped a REQUEST that came after it");
-    wrk_cancel_note(w, 7);                 /* now it names that one */
-    ck_assert(wrk_cancelled(w, 1, 7, later));
-    uint64_t again = ++w->requests_taken;  /* the same id again, after the CANCEL */
-    ck_assert(!wrk_cancelled(w, 1, 7, again));
-    ck_assert(!wrk_cancelled(w, 1, 8, later)); /* another id */
-    ck_assert(!wrk_cancelled(w, 2, 7, later)); /* another session */
+    ck_assert_uint_eq(wrk_cancel_note(w, 7), 0); /* before any REQUEST of id 7: nothing to mark */
+    wrk_job_t *later = held_job(w, 7), *other = held_job(w, 8); /* REQUEST 7 comes after it */
+    ck_assert_msg(!wrk_cancelled(later), "a CANCEL stopped a REQUEST that came after it");
+    ck_assert_uint_eq(wrk_cancel_note(w, 7), 1); /* now it names that one */
+    ck_assert(wrk_cancelled(later));
+    wrk_job_t *again = held_job(w, 7); /* the same id again, after the CANCEL */
+    ck_assert(!wrk_cancelled(again));
+    ck_assert(!wrk_cancelled(other)); /* another id */
+    atomic_store(&w->epoch, 2);
+    ck_assert_uint_eq(wrk_cancel_note(w, 8), 0); /* another session's CANCEL of id 8 */
+    ck_assert(!wrk_cancelled(other));
+    wrk_job_free(&later);
+    wrk_job_free(&other);
+    wrk_job_free(&again);
+    wrk_shared_fini(w);
+    free(w);
+}
+END_TEST
+
+/* The worker keeps only CANCELs of requests it holds, on the request
+ * itself: a broker's flood of CANCELs of ids it does not hold marks
+ * nothing, keeps nothing, and cannot push out a held request's mark.
+ * Before, the last 256 CANCELs were kept in a ring, and 256 of unknown
+ * ids after a real one evicted it before its stream looked: the request
+ * ran on to its RESULT. A held request's entry goes once its job (and
+ * every part of a split group) let go. */
+START_TEST(test_a_flood_of_cancels_of_ids_not_held_never_undoes_a_real_one) {
+    wrk_t *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    ck_assert_int_eq(wrk_shared_init(w), 0);
+    atomic_init(&w->epoch, 1);
+    wrk_job_t *j = held_job(w, 7);
+    ck_assert_uint_eq(wrk_cancel_note(w, 7), 1);
+    for (uint64_t k = 0; k < 100000; k++) ck_assert_uint_eq(wrk_cancel_note(w, 1000000 + k), 0);
+    ck_assert_msg(wrk_cancelled(j), "a flood of CANCELs of ids not held undid a real one");
+    ck_assert_uint_eq(w->n_held, 1); /* nothing of the flood kept */
+    /* a split group's parts share the mark: the entry stays until the last lets go */
+    wrk_job_t *part = calloc(1, sizeof *part);
+    ck_assert_ptr_nonnull(part);
+    *part = *j;
+    atomic_fetch_add(&part->hold->refs, 1); /* as split_group does */
+    wrk_job_free(&j);
+    ck_assert_uint_eq(wrk_cancel_note(w, 7), 1);
+    ck_assert(wrk_cancelled(part));
+    wrk_job_free(&part);
+    ck_assert_uint_eq(wrk_cancel_note(w, 7), 0); /* answered: no longer held */
+    ck_assert_uint_eq(w->n_held, 0);
     wrk_shared_fini(w);
     free(w);
 }
@@ -1759,6 +1806,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_a_prewarm_key_becomes_the_shape_and_loop_its_requests_run);
     tcase_add_test(t, test_a_prewarm_key_this_worker_cannot_run_is_refused_with_a_reason);
     tcase_add_test(t, test_a_cancel_stops_only_the_requests_of_its_id_taken_before_it);
+    tcase_add_test(t, test_a_flood_of_cancels_of_ids_not_held_never_undoes_a_real_one);
     suite_add_tcase(s, t);
     t = tcase_create("sync");
     tcase_add_checked_fixture(t, setup_root, teardown_root);

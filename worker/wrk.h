@@ -25,6 +25,7 @@
 #include "model/tinydit.h"
 #include "worker/wrk_events.h"
 #include "worker/wrk_opts.h"
+#include "worker/wrk_request.h"
 #include "worker/wrk_weights.h"
 #include "net/keys.h"
 
@@ -88,17 +89,17 @@ typedef struct {
      * and sum agree. */
     pthread_mutex_t samples_mu;
     uint64_t step_samples[WRK_SAMPLE_BUCKETS + 1], step_samples_sum;
-    /* CANCELs from the broker: the last WRK_CANCELS (session, request id,
-     * REQUESTs taken before it) triples, a ring under cancel_mu (the main
-     * thread notes, the streams look before each step: wrk_cancelled);
-     * n_cancels counts every one noted, so a stream skips the lock while
-     * there has been none. A CANCEL names only a REQUEST that came before
-     * it (one connection keeps order): one of an id the worker did not
-     * run yet is ignored, and a REQUEST of that id later runs. */
-    pthread_mutex_t cancel_mu;
-    struct { uint64_t epoch, id, taken; } cancels[256];
-    _Atomic uint64_t n_cancels;
-    uint64_t requests_taken;         /* REQUESTs handed to the streams so far (the main thread's) */
+    /* The REQUESTs this worker holds (queued or running), the main
+     * thread's own: each taken at its REQUEST (wrk_hold_take) and dropped
+     * once its job, and every part of a split group, let go of its hold.
+     * A CANCEL marks the holds of its id (wrk_cancel_note); a stream reads
+     * its job's mark before each step (wrk_cancelled). A CANCEL names
+     * only a REQUEST that came before it (one connection keeps order): one
+     * of an id the worker does not hold marks nothing and is kept nowhere,
+     * so a REQUEST of that id later runs, and no flood of such CANCELs can
+     * push a real one out (a ring of the last 256 CANCELs could). */
+    struct wrk_held { uint64_t epoch, id; wrk_hold_t *hold; } *held;
+    size_t n_held, cap_held;
     /* Mixed steps (several requests in one step) run, and the padded rows
      * they computed for nobody (--batch-sizes ladder). */
     _Atomic uint64_t mixed_steps, padded_rows;
@@ -144,13 +145,18 @@ void wrk_drain_end(wrk_t *w);
  * of the previous hook is in progress. Can't fail. */
 void wrk_drain_hook(wrk_t *w, void (*fn)(void *arg), void *arg);
 
-/* The broker cancelled its request id (of the session now): the REQUESTs
- * of that id taken so far (wrk_t.requests_taken). Can't fail. */
-void wrk_cancel_note(wrk_t *w, uint64_t id);
-/* Whether request id of session epoch, the taken-th REQUEST taken
- * (wrk_job_t.taken), was cancelled by a CANCEL that came after it (among
- * the last 256 CANCELs). Can't fail. */
-bool wrk_cancelled(wrk_t *w, uint64_t epoch, uint64_t id, uint64_t taken);
+/* Job j (its id and epoch set), taken from a REQUEST, is held: j->hold is
+ * its mark, in w's table until j (and every part made of it) is freed.
+ * The main thread's. 0, or -1 out of memory (j unchanged). */
+int wrk_hold_take(wrk_t *w, wrk_job_t *j);
+/* The broker cancelled its request id (of the session now): every REQUEST
+ * of that id held now is marked (those to come are not). The main
+ * thread's. The number marked (0: none held: the CANCEL is ignored).
+ * Can't fail. */
+size_t wrk_cancel_note(wrk_t *w, uint64_t id);
+/* Whether a CANCEL that came after j's REQUEST marked it. Any thread.
+ * Can't fail. */
+bool wrk_cancelled(const wrk_job_t *j);
 
 /* One step of `samples` samples ran (wrk_t.step_samples). Can't fail. */
 void wrk_count_step(wrk_t *w, int64_t samples);

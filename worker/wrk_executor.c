@@ -199,7 +199,7 @@ static int decode_progress(void *user, int64_t done, int64_t total) {
     }
     if (done >= total) return 0; /* decoded: nothing left to save */
     if (j->epoch != atomic_load(&w->epoch)) d->stop = WHY_GONE;
-    else if (wrk_cancelled(w, j->epoch, j->id, j->taken)) d->stop = WHY_CANCELLED;
+    else if (wrk_cancelled(j)) d->stop = WHY_CANCELLED;
     else if (j->deadline_at && wrk_mono_ms() > j->deadline_at) d->stop = WHY_DEADLINE;
     return d->stop;
 }
@@ -667,7 +667,7 @@ static bool abandoned(wrk_stream_t *st, wrk_job_t *j) {
                 j->req ? tdit_req_steps_done(j->req) : 0, j->loop.steps);
         return true;
     }
-    if (wrk_cancelled(w, j->epoch, j->id, j->taken)) {
+    if (wrk_cancelled(j)) {
         /* The broker answered its client already: nothing more is sent
          * for it but this ERROR, which frees its slot there. */
         part_failed(st, j, WIRE_E_CANCELLED, "cancelled by its client after %d of %d steps",
@@ -1346,6 +1346,7 @@ static wrk_group_t *split_group(wrk_exec_t *x, wrk_job_t *j, wrk_job_t **parts, 
         wrk_job_t *c = calloc(1, sizeof *c);
         if (!c) { ok = false; break; }
         *c = *j;
+        if (c->hold) atomic_fetch_add(&c->hold->refs, 1); /* each part holds it (freed: wrk_job_free) */
         c->next = NULL;
         c->req = NULL;
         c->stg = NULL;

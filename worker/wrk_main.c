@@ -547,7 +547,12 @@ static void handle_request(link_t *l, wire_msg_t *m) {
         return;
     }
     job->epoch = atomic_load(&w->epoch);
-    job->taken = ++w->requests_taken;
+    if (wrk_hold_take(w, job) != 0) { /* a request no CANCEL could stop is not run */
+        wrk_log(w, "request %" PRIu64 " refused: %s", m->id, reel_err_text());
+        msg_send_error(l->dealer, NULL, m->id, WIRE_E_INTERNAL, "%s", reel_err_text());
+        wrk_job_free(&job);
+        return;
+    }
     wrk_exec_submit(l->exec, job);
 }
 
@@ -621,9 +626,10 @@ static int handle_broker(link_t *l) {
     } else if (type == MSG_PREWARM) {
         if (!atomic_load(&w->stop)) handle_prewarm(l, m);
     } else if (type == MSG_CANCEL) {
-        /* its stream drops the request before its next step (wrk_cancelled) */
+        /* its stream drops the request before its next step (wrk_cancelled);
+         * one of an id not held (answered already, or never sent) marks nothing */
         msg_cancel_t c;
-        if (msg_cancel_decode(m, &c, &err) == 0) wrk_cancel_note(w, m->id);
+        if (msg_cancel_decode(m, &c, &err) == 0) (void)wrk_cancel_note(w, m->id);
         else wrk_log(w, "bad CANCEL from the broker: %s", err.message);
     } else if (type == MSG_HEARTBEAT) {
         /* counted above; "incoming": a large REQUEST follows, and nothing

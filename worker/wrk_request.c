@@ -60,9 +60,16 @@ static float *copy_f32(const wire_tensor_t *t, wire_err_t *err) {
     return x;
 }
 
+void wrk_hold_release(wrk_hold_t **h) {
+    if (!h || !*h) return;
+    if (atomic_fetch_sub(&(*h)->refs, 1) == 1) free(*h);
+    *h = NULL;
+}
+
 void wrk_job_free(wrk_job_t **jp) {
     if (!jp || !*jp) return;
     wrk_job_t *j = *jp;
+    wrk_hold_release(&j->hold);
     tdit_req_destroy(&j->req);
     free(j->g_out);
     free(j->g_traj);

@@ -10,6 +10,7 @@
 #ifndef REEL_WORKER_WRK_REQUEST_H
 #define REEL_WORKER_WRK_REQUEST_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -20,13 +21,24 @@
 
 #define WRK_PATCH 2              /* tinydit patchifies 2 x 2 */
 
+/* What a CANCEL marks: one REQUEST the worker holds (wrk_hold_take, wrk.h),
+ * shared by its job, the parts of a group split over streams, and the main
+ * thread's table of held requests; the last of them to let go frees it. */
+typedef struct wrk_hold {
+    atomic_int refs;
+    atomic_bool cancelled;       /* a CANCEL of its id came after it */
+} wrk_hold_t;
+
+/* Lets go of *h (NULL-safe; sets *h = NULL): the last holder frees it.
+ * Can't fail. */
+void wrk_hold_release(wrk_hold_t **h);
+
 typedef struct wrk_job wrk_job_t;
 typedef struct wrk_group wrk_group_t; /* wrk_executor.c: a group split over streams */
 struct wrk_job {
     uint64_t id;                 /* the broker's request id */
     uint64_t epoch;              /* broker session it arrived in (see wrk.h) */
-    uint64_t taken;              /* its place among the REQUESTs the worker took (wrk_t.requests_taken,
-                                  * from 1): only a CANCEL that came after it stops it */
+    wrk_hold_t *hold;            /* its mark for CANCELs (one reference); NULL: none came to mark it */
     uint64_t version;            /* the version it must run on (0: any) */
     int64_t deadline_at;         /* wrk_mono_ms() past which the broker no longer waits for it (0: none):
                                   * dropped then, between steps */
@@ -96,8 +108,8 @@ int wrk_request_fits(const msg_gen_t *r, const tdit_config_t *cfg, int64_t max_t
 int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *cfg, uint64_t applied_version,
                          wrk_job_t **out, wire_err_t *err);
 
-/* Frees the job, its copies, its group outputs and its tdit_req. NULL-safe;
- * sets *j = NULL. */
+/* Frees the job, its copies, its group outputs and its tdit_req, and lets
+ * go of its hold. NULL-safe; sets *j = NULL. */
 void wrk_job_free(wrk_job_t **j);
 
 /* A key to capture before its requests come (--prewarm): the shape and

@@ -1,6 +1,8 @@
 /* wrk_running.c -- wrk_t.running with a condition variable: the sync
  * drain sleeps until the last running request finishes (or the worker
- * stops) instead of polling, and wakes the streams when it ends. */
+ * stops) instead of polling, and wakes the streams when it ends; and the
+ * requests held, which CANCELs mark. */
+#include <stdlib.h>
 #include <string.h>
 #include "base/error.h"
 #include "worker/wrk.h"
@@ -16,17 +18,14 @@ int wrk_shared_init(wrk_t *w) {
         pthread_mutex_destroy(&w->idle_mu);
         return reel_fail(REEL_E_IO, "cannot create the step counters' lock");
     }
-    if (pthread_mutex_init(&w->cancel_mu, NULL) != 0) {
-        pthread_mutex_destroy(&w->samples_mu);
-        pthread_cond_destroy(&w->idle_cv);
-        pthread_mutex_destroy(&w->idle_mu);
-        return reel_fail(REEL_E_IO, "cannot create the cancels' lock");
-    }
     return 0;
 }
 
 void wrk_shared_fini(wrk_t *w) {
-    pthread_mutex_destroy(&w->cancel_mu);
+    for (size_t i = 0; i < w->n_held; i++) wrk_hold_release(&w->held[i].hold); /* a job still alive keeps its own */
+    free(w->held);
+    w->held = NULL;
+    w->n_held = w->cap_held = 0;
     pthread_mutex_destroy(&w->samples_mu);
     pthread_cond_destroy(&w->idle_cv);
     pthread_mutex_destroy(&w->idle_mu);
@@ -88,31 +87,51 @@ void wrk_drain_end(wrk_t *w) {
     pthread_mutex_unlock(&w->idle_mu);
 }
 
-#define WRK_CANCELS (sizeof ((wrk_t *)0)->cancels / sizeof ((wrk_t *)0)->cancels[0])
+/* Drops the held requests whose job ended: only the table holds them. */
+static void held_prune(wrk_t *w) {
+    size_t keep = 0;
+    for (size_t i = 0; i < w->n_held; i++) {
+        if (atomic_load(&w->held[i].hold->refs) == 1) wrk_hold_release(&w->held[i].hold);
+        else w->held[keep++] = w->held[i];
+    }
+    w->n_held = keep;
+}
 
-void wrk_cancel_note(wrk_t *w, uint64_t id) {
-    pthread_mutex_lock(&w->cancel_mu);
-    uint64_t n = atomic_load(&w->n_cancels);
-    w->cancels[n % WRK_CANCELS].epoch = atomic_load(&w->epoch);
-    w->cancels[n % WRK_CANCELS].id = id;
-    w->cancels[n % WRK_CANCELS].taken = w->requests_taken;
-    atomic_store(&w->n_cancels, n + 1);
-    pthread_mutex_unlock(&w->cancel_mu);
+int wrk_hold_take(wrk_t *w, wrk_job_t *j) {
+    held_prune(w);
+    if (w->n_held == w->cap_held) {
+        size_t cap = w->cap_held ? 2 * w->cap_held : 16;
+        struct wrk_held *p = realloc(w->held, cap * sizeof *p);
+        if (!p) return reel_fail(REEL_E_NOMEM, "out of memory holding request %llu", (unsigned long long)j->id);
+        w->held = p;
+        w->cap_held = cap;
+    }
+    wrk_hold_t *h = malloc(sizeof *h);
+    if (!h) return reel_fail(REEL_E_NOMEM, "out of memory holding request %llu", (unsigned long long)j->id);
+    atomic_init(&h->refs, 2); /* the table's and the job's */
+    atomic_init(&h->cancelled, false);
+    w->held[w->n_held++] = (struct wrk_held){ j->epoch, j->id, h };
+    j->hold = h;
+    return 0;
+}
+
+size_t wrk_cancel_note(wrk_t *w, uint64_t id) {
+    held_prune(w);
+    uint64_t epoch = atomic_load(&w->epoch);
+    size_t marked = 0;
+    for (size_t i = 0; i < w->n_held; i++)
+        if (w->held[i].id == id && w->held[i].epoch == epoch) {
+            atomic_store(&w->held[i].hold->cancelled, true);
+            marked++;
+        }
+    if (!marked) return 0;
     /* A stream with only held requests (a drain) sleeps until the drain
      * ends: woken now, it drops a cancelled one at once (the drain hook
      * wakes every stream; a round that finds nothing to do costs nothing). */
     pthread_mutex_lock(&w->idle_mu);
     if (w->drain_ended) w->drain_ended(w->drain_arg);
     pthread_mutex_unlock(&w->idle_mu);
+    return marked;
 }
 
-bool wrk_cancelled(wrk_t *w, uint64_t epoch, uint64_t id, uint64_t taken) {
-    if (!atomic_load(&w->n_cancels)) return false;
-    bool hit = false;
-    pthread_mutex_lock(&w->cancel_mu);
-    uint64_t n = atomic_load(&w->n_cancels);
-    for (uint64_t i = 0; i < n && i < WRK_CANCELS && !hit; i++)
-        hit = w->cancels[i].id == id && w->cancels[i].epoch == epoch && taken <= w->cancels[i].taken;
-    pthread_mutex_unlock(&w->cancel_mu);
-    return hit;
-}
+bool wrk_cancelled(const wrk_job_t *j) { return j->hold && atomic_load(&j->hold->cancelled); }
