@@ -37,6 +37,7 @@
 #define REEL_BROKER_BRK_BROKER_H
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -264,11 +265,28 @@ struct brk_zap;
 struct brk_uploads;
 struct brk_ha;
 
+/* A worker-socket connection FETCH answers are read for
+ * (brk_upload_serve.c): each answer read into memory counts in `out`
+ * until ZeroMQ has sent it and frees its buffer (on ZeroMQ's I/O thread,
+ * hence atomic). A connection with BRK_FETCH_OUT_MAX on their way is
+ * answered busy: a worker keeps 4 in flight, and one that asks without
+ * reading would otherwise have the routing thread read and hold 4 MiB
+ * for each FETCH. BRK_FETCH_PEERS connections at once, a slot reused once
+ * its answers went. */
+#define BRK_FETCH_PEERS 64
+#define BRK_FETCH_OUT_MAX 16
+typedef struct {
+    unsigned char who[256];          /* its routing id */
+    size_t who_len;
+    atomic_int out;
+} brk_fetch_peer_t;
+
 typedef struct {
     brk_opts_t opt;
     void *ctx, *clients, *workers;   /* ZeroMQ context and ROUTER sockets */
     struct brk_zap *zap;             /* keys and roles (brk_zap.h); NULL without keys */
     struct brk_uploads *uploads;     /* weights by value (brk_upload.h); NULL without --weights-dir */
+    brk_fetch_peer_t fetch_peers[BRK_FETCH_PEERS]; /* (brk_t outlives the context: their frees come first) */
     struct brk_ha *ha;               /* one of a standby pair (brk_ha.h); NULL alone (always active) */
     brk_catq_t *cat;
 

@@ -2,7 +2,9 @@
  * file, or an upload in progress's as they come: what came is served, a
  * FETCH of bytes still to come waits (parked) in the upload's slot until
  * its chunk comes (answered with that chunk's frame, shared with ZeroMQ)
- * or the upload fails (ERROR). A connection's answers keep its order. */
+ * or the upload fails (ERROR). A connection's answers keep its order. A
+ * worker-socket connection with BRK_FETCH_OUT_MAX answers read and not
+ * yet sent is answered busy (brk_fetch_peer_t). */
 #include "broker/brk_upload.h"
 #include "broker/brk_upload_int.h"
 
@@ -29,22 +31,66 @@ typedef struct {
     uint64_t max;              /* f->max bounded by MSG_CHUNK_MAX */
 } fetch_t;
 
+/* ZeroMQ is done with an answer's buffer (its I/O thread, or the routing
+ * thread when the send failed): one fewer on its way to its peer. */
 static void free_chunk(void *data, void *hint) {
-    (void)hint;
     free(data);
+    if (hint) atomic_fetch_sub(&((brk_fetch_peer_t *)hint)->out, 1);
+}
+
+/* The fetch peer of connection `to`: its own slot, else one with no answer
+ * on its way, taken; NULL when none is free. */
+static brk_fetch_peer_t *fetch_peer(brk_t *b, const zmq_msg_t *to) {
+    size_t n = zmq_msg_size((zmq_msg_t *)to);
+    const void *who = zmq_msg_data((zmq_msg_t *)to);
+    brk_fetch_peer_t *idle = NULL;
+    if (n > sizeof b->fetch_peers[0].who) return NULL;
+    for (int i = 0; i < BRK_FETCH_PEERS; i++) {
+        brk_fetch_peer_t *p = &b->fetch_peers[i];
+        if (p->who_len == n && !memcmp(p->who, who, n)) return p;
+        if (!idle && atomic_load(&p->out) == 0) idle = p;
+    }
+    if (idle) {
+        memcpy(idle->who, who, n);
+        idle->who_len = n;
+    }
+    return idle;
+}
+
+/* Whether FETCH q may have bytes read for it now; else it is answered
+ * busy (docs/PROTOCOL.md: ask again later). The peer broker's copy, on
+ * the client socket, asks one chunk at a time: not bounded here. */
+static bool may_read(fetch_t *q, brk_fetch_peer_t **peer) {
+    *peer = NULL;
+    if (!q->worker_side) return true;
+    brk_fetch_peer_t *p = fetch_peer(q->b, q->from);
+    if (p && atomic_load(&p->out) < BRK_FETCH_OUT_MAX) {
+        *peer = p;
+        return true;
+    }
+    if (p)
+        brk_error_to(q->b, true, q->from, q->id, WIRE_E_BUSY, "FETCH: %d answers to this connection are still being "
+                     "sent: ask again once they are read", BRK_FETCH_OUT_MAX);
+    else
+        brk_error_to(q->b, true, q->from, q->id, WIRE_E_BUSY, "FETCH: answers are on their way to %d connections: "
+                     "ask again later", BRK_FETCH_PEERS);
+    return false;
 }
 
 /* FETCH_DATA: the bytes of fd from offset (at most max, none past end),
  * the file being size bytes long; or ERROR when they cannot be read. The
  * chunk's frame is the buffer it was read into, handed to ZeroMQ (freed
- * once sent): no copy of it on the routing thread. */
+ * once sent): no copy of it on the routing thread. Counted on its way to
+ * peer (NULL: not counted) until then. */
 static void serve(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, const char *comp, uint64_t v, int fd, uint64_t size,
-                  uint64_t offset, uint64_t max) {
+                  uint64_t offset, uint64_t max, brk_fetch_peer_t *peer) {
     uint64_t n = offset >= size ? 0 : size - offset < max ? size - offset : max;
     unsigned char *buf = malloc(n ? n : 1);
     ssize_t got = buf && n ? pread(fd, buf, n, (off_t)offset) : 0;
     wire_msg_t *sh = buf && got == (ssize_t)n ? calloc(1, sizeof *sh) : NULL;
-    if (!sh || zmq_msg_init_data(&sh->frame[0], buf, n, free_chunk, NULL) != 0) {
+    if (peer) atomic_fetch_add(&peer->out, 1);
+    if (!sh || zmq_msg_init_data(&sh->frame[0], buf, n, free_chunk, peer) != 0) {
+        if (peer) atomic_fetch_sub(&peer->out, 1); /* (buf never reached ZeroMQ) */
         brk_error_to(b, worker_side, to, id, WIRE_E_INTERNAL, "FETCH: cannot read %s v%" PRIu64 ": %s", comp, v,
                      !buf || (sh == NULL && got == (ssize_t)n) ? "out of memory"
                      : got < 0                                 ? strerror(errno)
@@ -81,8 +127,11 @@ bool brk_upl_ready(const slot_t *s, uint64_t offset, uint64_t max) {
     return s->received >= end;
 }
 
-static void serve_slot(brk_t *b, slot_t *s, const zmq_msg_t *to, uint64_t id, uint64_t offset, uint64_t max) {
-    serve(b, true, to, id, s->component, s->version, s->fd, s->size, offset, max);
+/* (a parked FETCH is answered whatever its connection has on its way: it
+ * was taken when it came, within BRK_FETCH_PARKED_MAX) */
+static void serve_slot(brk_t *b, slot_t *s, const zmq_msg_t *to, uint64_t id, uint64_t offset, uint64_t max,
+                       brk_fetch_peer_t *peer) {
+    serve(b, true, to, id, s->component, s->version, s->fd, s->size, offset, max, peer);
 }
 
 /* FETCH_DATA of the chunk u that just came, in m: when the FETCH asks for
@@ -139,7 +188,8 @@ void brk_upl_serve_parked(brk_t *b, slot_t *s, const msg_upload_t *u, const wire
             s->parked[keep++] = *p;
             continue;
         }
-        if (!serve_arrived(b, s, &to, p->id, p->offset, p->max, u, m)) serve_slot(b, s, &to, p->id, p->offset, p->max);
+        if (!serve_arrived(b, s, &to, p->id, p->offset, p->max, u, m))
+            serve_slot(b, s, &to, p->id, p->offset, p->max, fetch_peer(b, &to));
         zmq_msg_close(&to);
     }
     s->n_parked = keep;
@@ -181,8 +231,9 @@ static bool refold(slot_t *s, const zmq_msg_t *from, uint64_t id, uint64_t offse
 static void fetch_coming(fetch_t *q, slot_t *s) {
     brk_t *b = q->b;
     const msg_fetch_t *f = q->f;
+    brk_fetch_peer_t *peer;
     if (brk_upl_ready(s, f->offset, q->max)) {
-        serve_slot(b, s, q->from, q->id, f->offset, q->max);
+        if (may_read(q, &peer)) serve_slot(b, s, q->from, q->id, f->offset, q->max, peer);
     } else if (s->stalled[0]) {
         brk_error_to(b, true, q->from, q->id, WIRE_E_INTERNAL, "FETCH: %s v%" PRIu64 ": the upload stalled: %s",
                      s->component, s->version, s->stalled);
@@ -212,6 +263,8 @@ static void fetch_stored(fetch_t *q) {
         brk_error_from(b, q->worker_side, q->from, q->id, reel_err(), "FETCH: "); /* all bad_request */
         return;
     }
+    brk_fetch_peer_t *peer;
+    if (!may_read(q, &peer)) return;
     brk_upl_path(b, "", f->component, f->version, ".safetensors", path, sizeof path);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     struct stat st;
@@ -222,7 +275,7 @@ static void fetch_stored(fetch_t *q) {
         return;
     }
     uint64_t size = (uint64_t)st.st_size;
-    serve(b, q->worker_side, q->from, q->id, f->component, f->version, fd, size, f->offset, q->max);
+    serve(b, q->worker_side, q->from, q->id, f->component, f->version, fd, size, f->offset, q->max, peer);
     close(fd);
 }
 

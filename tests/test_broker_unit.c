@@ -3394,6 +3394,60 @@ static unsigned char *pattern(uint32_t mul, int shift, char sha[65]) {
     return p;
 }
 
+/* Worker i's FETCH of (v, sha) at offset, max bytes. */
+static void fetch_max(box_t *x, int i, uint64_t id, uint64_t v, const char *sha, uint64_t offset, uint64_t max) {
+    msg_fetch_t f;
+    memset(&f, 0, sizeof f);
+    snprintf(f.component, sizeof f.component, "transformer");
+    f.version = v;
+    snprintf(f.sha256, sizeof f.sha256, "%s", sha);
+    f.offset = offset;
+    f.max = max;
+    ck_assert_int_eq(msg_send(x->w[i], NULL, MSG_FETCH, id, &f, NULL), 0);
+    deliver(x, true);
+}
+
+/* A worker connection that sends FETCHes of a stored version without
+ * reading the answers gets at most BRK_FETCH_OUT_MAX read for it, the
+ * rest answered busy, and more again once it read them; another
+ * connection is served meanwhile. Before, every FETCH had up to 4 MiB
+ * read on the routing thread and held until sent, however many a
+ * flooding worker key sent. */
+START_TEST(test_a_connection_gets_at_most_16_fetch_answers_on_their_way_and_busy_beyond) {
+    box_t x;
+    char dir[] = "/tmp/reel-brk-upload.XXXXXX", sha[65];
+    upload_box_open(&x, dir, 0);
+    unsigned char *bytes = pattern(2654435761u, 13, sha);
+    upload_acked(&x, 10, 2, sha, bytes, 0, UP_SIZE);
+    ck_assert(brk_upload_stored(&x.b, "transformer", 2, sha));
+    const int sent = BRK_FETCH_OUT_MAX + 4;
+    for (int k = 0; k < sent; k++) fetch_max(&x, 0, 100 + (uint64_t)k, 2, sha, 64 * (uint64_t)k, 64);
+    fetch_max(&x, 1, 200, 2, sha, 0, 64); /* another connection: served */
+    expect_data(&x, 1, 200, bytes, 0, 64);
+    wire_msg_t *got[BRK_FETCH_OUT_MAX + 4];
+    for (int k = 0; k < sent; k++) { /* read all before any is dropped: each answer still held */
+        got[k] = take(x.w[0], false);
+        ck_assert_uint_eq(got[k]->id, 100 + (uint64_t)k);
+        if (k < BRK_FETCH_OUT_MAX) {
+            ck_assert_str_eq(got[k]->type, "FETCH_DATA");
+        } else {
+            ck_assert_str_eq(got[k]->type, "ERROR");
+            ck_assert_str_eq(wv_get_str(got[k]->hdr, "code"), "busy");
+            ck_assert_ptr_nonnull(strstr(wv_get_str(got[k]->hdr, "message"), "still being sent"));
+        }
+    }
+    fetch_max(&x, 0, 300, 2, sha, 0, 64); /* 16 still held by this side: busy */
+    wire_msg_t *m = take(x.w[0], false);
+    ck_assert_str_eq(m->type, "ERROR");
+    drop_msg(&m);
+    for (int k = 0; k < sent; k++) drop_msg(&got[k]); /* read: their buffers go */
+    fetch_max(&x, 0, 301, 2, sha, 64, 64);
+    expect_data(&x, 0, 301, bytes, 64, 64);
+    free(bytes);
+    upload_box_close(&x, dir);
+}
+END_TEST
+
 /* A SYNC may name an upload still coming (docs/PROTOCOL.md, "Weights by
  * value"): a worker's FETCH of bytes that came is answered at once, one
  * of bytes still to come waits and is answered, whole, when they came:
@@ -5355,6 +5409,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_key_waits_for_its_owner_to_apply_a_sync_and_moves_only_if_the_owner_fails_it);
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
+    tcase_add_test(an, test_a_connection_gets_at_most_16_fetch_answers_on_their_way_and_busy_beyond);
     tcase_add_test(an, test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal);
     tcase_add_test(an, test_a_removed_version_s_file_is_written_over_by_the_next_upload);
     tcase_add_test(an, test_a_chunk_workers_wait_for_goes_to_them_as_it_came);
