@@ -1724,6 +1724,52 @@ START_TEST(test_a_fetch_resumes_where_it_stopped_when_the_broker_comes_back) {
 }
 END_TEST
 
+/* A broker that holds too many of the connection's answers on their way
+ * answers a FETCH ERROR busy (docs/PROTOCOL.md "Weights by value": ask
+ * again later): the fetch asks again for the chunk it needs next and ends
+ * with the whole file. It used to fail at the first busy ("the broker
+ * answered busy"), so a sync by value failed on a busy broker. */
+START_TEST(test_a_fetch_answered_busy_asks_again_and_completes) {
+    char dir[] = "/tmp/reel-fetch-busy.XXXXXX", ep[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(ep, sizeof ep, "ipc://%s/b", dir);
+    size_t len;
+    unsigned char *file = st_bytes((size_t)3 << 20, &len); /* 12 MiB: 4 chunks */
+    void *ctx = zmq_ctx_new();
+    void *r = zmq_socket(ctx, ZMQ_ROUTER);
+    ck_assert_int_eq(zmq_bind(r, ep), 0);
+    fetch_job_t j;
+    unsigned reasked = 99;
+    pthread_t th;
+    fetch_start(&j, &th, ctx, ep, file, len, 0, &reasked);
+    msg_fetch_t q;
+    zmq_msg_t who;
+    uint64_t id;
+    int n = 0, busy = 0;
+    while (!atomic_load(&j.done) && next_fetch(r, 5000, &q, &who, &id)) {
+        if (n++ < 2) { /* the first two: busy */
+            msg_error_t *e = calloc(1, sizeof *e);
+            snprintf(e->code, sizeof e->code, "%s", WIRE_E_BUSY);
+            snprintf(e->message, sizeof e->message, "too many answers on their way");
+            ck_assert_int_eq(msg_send(r, &who, MSG_ERROR, id, e, NULL), 0);
+            free(e);
+            busy++;
+        } else {
+            answer_fetch(r, &who, id, file, len, q.offset);
+        }
+        zmq_msg_close(&who);
+    }
+    pthread_join(th, NULL);
+    ck_assert_int_eq(busy, 2);
+    ck_assert_msg(j.out != NULL, "%s (%s)", j.err, j.wire);
+    ck_assert_str_eq(j.hex, j.m.sha256);
+    ck_assert_uint_ge(reasked, 1);
+    st_close(&j.out);
+    fake_broker_close(r, ctx, dir);
+    free(file);
+}
+END_TEST
+
 /* An uploaded file is judged as one read by path: more data than the
  * model holds (here 4 bytes more, beside a header that fits) is refused
  * with the generic "not weights of this worker's model" as soon as the
@@ -1828,6 +1874,7 @@ static Suite *suite(void) {
     t = tcase_create("fetch");
     tcase_set_timeout(t, 30);
     tcase_add_test(t, test_a_fetch_resumes_where_it_stopped_when_the_broker_comes_back);
+    tcase_add_test(t, test_a_fetch_answered_busy_asks_again_and_completes);
     tcase_add_test(t, test_an_uploaded_file_with_more_data_than_the_model_is_refused_at_its_header);
     tcase_add_test(t, test_a_large_message_from_the_streams_is_announced_to_the_broker);
     suite_add_tcase(s, t);

@@ -54,9 +54,11 @@ static int ask(wrk_fetch_t *f) {
 
 /* The next answer within quiet_ms, while not stopping: 0 with *m (a
  * FETCH_DATA whose fields and chunk are checked), 1 when none came in
- * quiet_ms, -1 with the reason as the message: REEL_E_STATE when
- * stopping, REEL_E_INVALID for an answer that is not one, REEL_E_IO when
- * the broker answered ERROR. */
+ * quiet_ms, 2 when the broker answered ERROR busy (it holds too many of
+ * this connection's answers on their way: ask again later,
+ * docs/PROTOCOL.md "Weights by value"), -1 with the reason as the
+ * message: REEL_E_STATE when stopping, REEL_E_INVALID for an answer that
+ * is not one, REEL_E_IO when the broker answered another ERROR. */
 static int answer(wrk_fetch_t *f, const atomic_bool *stop, int quiet_ms, wire_msg_t *m, msg_fetch_data_t *d) {
     int64_t deadline = now_ms() + quiet_ms;
     for (;;) {
@@ -71,12 +73,15 @@ static int answer(wrk_fetch_t *f, const atomic_bool *stop, int quiet_ms, wire_ms
         if (rc == 1) return reel_fail(REEL_E_INVALID, "an unreadable answer: %s", e.message);
         if (msg_type(m) == MSG_ERROR) {
             msg_error_t er;
-            if (msg_error_decode(m, &er, &e) == 0)
-                reel_fail(REEL_E_IO, "the broker answered %s: %.300s", er.code, er.message);
-            else
+            int busy = 0;
+            if (msg_error_decode(m, &er, &e) != 0)
                 reel_fail(REEL_E_IO, "the broker answered ERROR");
+            else if (!strcmp(er.code, WIRE_E_BUSY))
+                busy = 1;
+            else
+                reel_fail(REEL_E_IO, "the broker answered %s: %.300s", er.code, er.message);
             wire_msg_close(m);
-            return -1;
+            return busy ? 2 : -1;
         }
         if (msg_type(m) != MSG_FETCH_DATA || msg_fetch_data_decode(m, d, &e) != 0 ||
             msg_fetch_data_validate(d, &e) != 0) {
@@ -207,6 +212,20 @@ static int pull(wrk_fetch_t *f, wrk_fetch_mem_t *mem, const atomic_bool *stop, c
             }
             /* What was in flight may be lost: ask for the next chunk
              * again; its answer fills the window. */
+            f->asked = done;
+            f->reasked++;
+            if (ask(f) != 0) {
+                wrk_refuse(REEL_E_IO, WRK_E_FETCH, "cannot send FETCH: %s", zmq_strerror(errno));
+                goto out;
+            }
+            continue;
+        }
+        if (arc == 2) {
+            /* busy: a FETCH was not answered; a moment, then the chunk
+             * needed next again (its answer fills the window). A broker
+             * busy for ever ends at the timeout, as a silent one. */
+            struct timespec pause = { 0, WRK_FETCH_BUSY_PAUSE_MS * 1000000L };
+            nanosleep(&pause, NULL);
             f->asked = done;
             f->reasked++;
             if (ask(f) != 0) {

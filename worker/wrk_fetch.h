@@ -19,6 +19,7 @@
 #define WRK_FETCH_WINDOW 4          /* FETCH requests in flight */
 #define WRK_FETCH_TIMEOUT_MS 10000  /* the longest wait for the next chunk, re-asks included */
 #define WRK_FETCH_RESEND_MS 2000    /* silence after which the next chunk is asked for again */
+#define WRK_FETCH_BUSY_PAUSE_MS 50  /* after an ERROR busy, before the next chunk is asked for again */
 #define WRK_E_FETCH "bad_weights: the broker could not send the uploaded file"
 
 /* A data buffer kept from one fetch for the next: fresh memory costs a
