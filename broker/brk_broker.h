@@ -19,7 +19,8 @@
  *                        taking over (the peer's versions: brk_sync) and
  *                        stepping down (brk_requests, brk_sync give up)
  *   leaves, used by any of them: brk_msg.c (clock, identities, sends,
- *   looking workers up), brk_route.c (pure routing rules), brk_catq.c (the
+ *   looking workers up), brk_deliver.c (sends to clients: an answer a
+ *   full queue cannot take is held until it can), brk_route.c (pure routing rules), brk_catq.c (the
  *   catalog writer thread), brk_upload.c (weights by value: UPLOAD into
  *   --weights-dir, FETCH out of it; one module in files by phase, each
  *   calling only those after it: brk_upload.c the core, brk_upload_recv.c
@@ -264,6 +265,7 @@ typedef struct {
 struct brk_zap;
 struct brk_uploads;
 struct brk_ha;
+struct brk_held_client;
 
 /* A worker-socket connection FETCH answers are read for
  * (brk_upload_serve.c): each answer read into memory counts in `out`
@@ -319,6 +321,10 @@ typedef struct {
     uint64_t worker_refused;         /* registered workers' messages refused or dropped for what they said
                                       * (BRK_WORKER_REFUSED; STATUS worker_refused) */
     uint64_t undelivered;            /* messages a peer could not take (queue full, or gone): dropped */
+    struct brk_held_client *held;    /* clients with answers their full queue could not take yet, held
+                                      * to send when it can (brk_deliver.c) */
+    uint64_t answers_held;           /* those answers, all clients */
+    uint64_t answers_held_bytes;     /* ... and their bytes (at most --max-held-mb) */
     uint64_t fetch_bytes_shared;     /* FETCH_DATA bytes sent from an arriving UPLOAD chunk's frame */
     uint64_t fetch_bytes_read;       /* ... and read back from --weights-dir for it */
     uint64_t replies_suppressed;     /* answers to bad messages not sent: over the peer's budget, or an unknown worker */

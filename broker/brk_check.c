@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "broker/brk_deliver.h"
 #include "broker/brk_upload.h"
 
 /* An invariant broken is a bug: REEL_E_INTERNAL. */
@@ -224,7 +225,8 @@ static int check_syncs(const brk_t *b) {
 
 int brk_check(const brk_t *b) {
     size_t n = 0;
-    if (check_list(b, &n) || check_states(b, n) || check_workers(b) || check_syncs(b) || brk_upload_check(b))
+    if (check_list(b, &n) || check_states(b, n) || check_workers(b) || check_syncs(b) || brk_upload_check(b) ||
+        brk_deliver_check(b))
         return -1;
     return 0;
 }

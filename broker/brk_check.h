@@ -23,7 +23,10 @@
  *  - uploads (brk_upload_check): a closed slot holds nothing, an open one
  *    its file, hasher and no more bytes than announced, each slot names a
  *    distinct version, parked FETCHes fit and wait for bytes still to
- *    come; spares and removals queued fit their arrays. */
+ *    come; spares and removals queued fit their arrays.
+ *  - answers held for clients (brk_deliver_check): each client listed
+ *    once, with at least one, none a PROGRESS, counts and bytes adding
+ *    up. */
 #ifndef REEL_BROKER_BRK_CHECK_H
 #define REEL_BROKER_BRK_CHECK_H
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "broker/brk_log.h"
+#include "broker/brk_deliver.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_requests.h"
 #include "broker/brk_sync.h"

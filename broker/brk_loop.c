@@ -16,6 +16,7 @@
 #include "broker/brk_check.h"
 #include "broker/brk_ha.h"
 #include "broker/brk_log.h"
+#include "broker/brk_deliver.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_requests.h"
 #include "broker/brk_status.h"
@@ -369,6 +370,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         int64_t next = min64(b->next_heartbeat_ms, min64(brk_req_next_deadline(b), brk_sync_next_deadline(b)));
         if (b->metrics.http) next = min64(next, b->metrics.next_publish_ms);
         next = min64(next, brk_ha_next_wake(b));
+        next = min64(next, brk_deliver_next_wake(b, now)); /* answers held for a full client queue */
         long timeout = next <= now ? 0 : (long)min64(next - now, b->opt.heartbeat_ms);
         int rc = zmq_poll(items, n_items, timeout);
         if (rc < 0) {
@@ -391,6 +393,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
             else brk_zap_monitor_read(b->zap, items[i].socket == worker_mon);
         }
         now = brk_now_ms();
+        brk_deliver_retry(b, now); /* what a client's full queue could not take, as it can */
         if (now >= b->next_heartbeat_ms) reel_notify("WATCHDOG=1"); /* systemd: the loop is alive */
         brk_workers_timers(b, now, brk_current_version(b, BRK_COMPONENT));
         brk_req_timers(b, now);

@@ -27,6 +27,7 @@
 #include "broker/brk_zap.h"
 #include "base/notify.h"
 #include "broker/brk_log.h"
+#include "broker/brk_deliver.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_upload.h"
 #include "base/error.h"
@@ -381,6 +382,7 @@ int main(int argc, char **argv) {
             brk_queue_len(&b.queue));
     brk_req_shutdown(&b);
     brk_sync_shutdown(&b);
+    brk_deliver_stop(&b); /* (their shutdown ERRORs are the last things sent) */
     brk_msg_pool_free(&b);
     brk_workers_free_events(&b);
 out:

@@ -174,8 +174,14 @@ static void render(brk_t *b, reel_text_t *t) {
                      "Registered workers' messages refused or dropped for what they said (each logged).");
     reel_prom_sample(t, "reel_broker_worker_refused_total", "", (double)b->worker_refused);
     reel_prom_family(t, "reel_broker_undelivered_total", "counter",
-                     "Messages a peer could not take (its queue full, or gone): dropped.");
+                     "Messages dropped because their peer could not take them: gone, a full queue (a client's "
+                     "PROGRESS), or a client's answers held past their bounds.");
     reel_prom_sample(t, "reel_broker_undelivered_total", "", (double)b->undelivered);
+    reel_prom_family(t, "reel_broker_answers_held", "gauge",
+                     "Answers held for clients whose queue was full, to send when it takes them.");
+    reel_prom_sample(t, "reel_broker_answers_held", "", (double)b->answers_held);
+    reel_prom_family(t, "reel_broker_answers_held_bytes", "gauge", "The bytes of those answers (at most --max-held-mb).");
+    reel_prom_sample(t, "reel_broker_answers_held_bytes", "", (double)b->answers_held_bytes);
 }
 
 int brk_metrics_start(brk_t *b) {

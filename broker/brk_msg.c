@@ -29,27 +29,6 @@ void brk_undelivered(brk_t *b, const char *what) {
                 zmq_strerror(errno));
 }
 
-void brk_error_to(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, const char *code,
-                  const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (!to) { /* no one asked (a copy from the peer broker): logged */
-        char text[512];
-        vsnprintf(text, sizeof text, fmt, ap);
-        va_end(ap);
-        brk_log("%s: %s", code, text);
-        return;
-    }
-    int rc = msg_send_verror(worker_side ? b->workers : b->clients, to, id, code, fmt, ap);
-    va_end(ap);
-    if (rc != 0) brk_undelivered(b, worker_side ? "ERROR to a worker" : "ERROR to a client");
-}
-
-void brk_error_from(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, const reel_err_t *r,
-                    const char *what) {
-    brk_error_to(b, worker_side, to, id, wire_err_code_of(r->code), "%s%s", what ? what : "", r->msg);
-}
-
 bool brk_reply_allowed(brk_t *b, const zmq_msg_t *identity) {
     zmq_msg_t *m = (zmq_msg_t *)identity; /* zmq's getters are not const */
     uint64_t who = cap_hash_bytes(zmq_msg_data(m), zmq_msg_size(m));

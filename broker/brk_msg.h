@@ -26,19 +26,10 @@ int brk_send_error(void *sock, const brk_ident_t *to, uint64_t id, const char *c
     __attribute__((format(printf, 5, 6)));
 
 /* Counts a message that could not be handed to a peer: its queue is full
- * (sends never wait: ZMQ_SNDTIMEO 0) or it is gone (ZMQ_ROUTER_MANDATORY).
- * The first few are logged with `what`, then one in a thousand. */
+ * (sends never wait: ZMQ_SNDTIMEO 0; a client's answers are held first,
+ * brk_deliver.h) or it is gone (ZMQ_ROUTER_MANDATORY). The first few are
+ * logged with `what` and errno's text, then one in a thousand. */
 void brk_undelivered(brk_t *b, const char *what);
-/* ERROR {id, code, message} to identity `to` on the worker or client
- * socket, never waiting; a failure is counted (brk_undelivered). */
-void brk_error_to(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, const char *code,
-                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-/* The same for a failure a broker function reported (base/error.h): the
- * one place the broker turns an error value into an ERROR. Its code is
- * wire_err_code_of(r->code), its message `what` ("UPLOAD: "; NULL: none)
- * then r's message (never its detail: that is for the log). */
-void brk_error_from(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, const reel_err_t *r,
-                    const char *what);
 /* Whether a peer may be answered about a bad message it sent: true while
  * its budget lasts (BRK_REPLY_BURST at once, BRK_REPLY_RATE per second);
  * otherwise the answer is counted in replies_suppressed and not sent, so

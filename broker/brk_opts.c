@@ -33,7 +33,8 @@ static const reel_opt_t rows[] = {
     { .name = "queue-max", .kind = REEL_OPT_INT, .off = O(queue_max), .lo = 0, .hi = 10000000, .arg = "N",
       .help = "waiting requests before BUSY (default 64)" },
     { .name = "max-held-mb", .kind = REEL_OPT_SET, .set = set_held, .expect = "1..1073741824 (MiB)", .arg = "N",
-      .help = "request tensor bytes held at once before BUSY (default 2048)" },
+      .help = "request tensor bytes held at once before BUSY; also the most bytes of answers held for "
+              "clients whose queue is full (default 2048)" },
     { .name = "sync-deadline-ms", .kind = REEL_OPT_U64, .off = O(sync_deadline_ms), .ulo = 1, .uhi = UINT32_MAX,
       .arg = "N", .help = "default weight-sync barrier deadline (default 30000)" },
     { .name = "request-deadline-ms", .kind = REEL_OPT_U64, .off = O(request_deadline_ms), .ulo = 1,

@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "broker/brk_log.h"
+#include "broker/brk_deliver.h"
 #include "broker/brk_msg.h"
 #include "base/error.h"
 
@@ -355,7 +356,7 @@ static void send_busy(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *fm
     va_start(ap, fmt);
     vsnprintf(busy.message, 256, fmt, ap);
     va_end(ap);
-    if (msg_busy_send(b->clients, to, id, &busy) != 0) brk_undelivered(b, "BUSY");
+    (void)brk_client_send(b, to, MSG_BUSY, id, &busy, NULL); /* (counted when dropped) */
     b->metrics.busy++;
 }
 
@@ -662,7 +663,7 @@ void brk_req_progress(brk_t *b, brk_worker_t *w, uint64_t id, const msg_progress
     if (at < r->progress_at || (at == r->progress_at && of <= r->progress_of)) return;
     r->progress_at = at;
     r->progress_of = of;
-    if (msg_progress_send(b->clients, CLIENT(r), r->client_id, p) != 0) brk_undelivered(b, "PROGRESS");
+    (void)brk_client_send(b, CLIENT(r), MSG_PROGRESS, r->client_id, p, NULL); /* (counted when dropped) */
 }
 
 void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, const wire_msg_t *m) {
@@ -699,7 +700,8 @@ void brk_req_result(brk_t *b, brk_worker_t *w, uint64_t id, msg_result_t *res, c
         res->key_hash = r->shard;
         set[n++] = (msg_set_t){ "key_hash", MSG_SET_HASH, r->shard, NULL };
     }
-    if (msg_forward(b->clients, CLIENT(r), m, MSG_RESULT, r->client_id, set, n) != 0) brk_undelivered(b, "RESULT");
+    /* (held when the client's queue is full: brk_deliver.h) */
+    (void)brk_client_forward(b, CLIENT(r), m, MSG_RESULT, r->client_id, set, n);
     brk_metrics_request(&b->metrics, "ok", (double)(brk_now_ms() - r->accepted_ms) / 1000.0);
     b->metrics.steps_replayed += res->stats.replayed;
     b->metrics.steps_eager += res->stats.eager;
@@ -751,7 +753,7 @@ void brk_req_error(brk_t *b, brk_worker_t *w, uint64_t id, const msg_error_t *we
         return;
     }
     if (!settle_slot(b, w, r, MSG_ERROR)) return;
-    if (msg_error_send(b->clients, CLIENT(r), r->client_id, e) != 0) brk_undelivered(b, "ERROR");
+    (void)brk_client_send(b, CLIENT(r), MSG_ERROR, r->client_id, e, NULL); /* (held when its queue is full) */
     record_failure(b, r, w->route.name, e->code, e->message);
     req_free(b, r);
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "broker/brk_log.h"
+#include "broker/brk_deliver.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_refused.h"
 #include "broker/brk_zap.h"
@@ -117,7 +118,7 @@ void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
     r->steps_captured = b->metrics.steps_captured;
     r->models = models;
     r->n_models = models_of(b, models, cap_models);
-    if (msg_status_reply_send(b->clients, to, id, r) < 0) brk_undelivered(b, "STATUS_REPLY");
+    (void)brk_client_send(b, to, MSG_STATUS_REPLY, id, r, NULL); /* (held when its queue is full) */
 out:
     free(r);
     free(ws);

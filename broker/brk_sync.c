@@ -58,6 +58,7 @@
 #include <strings.h>
 
 #include "broker/brk_log.h"
+#include "broker/brk_deliver.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_upload.h"
 #include "broker/brk_zap.h"
@@ -432,7 +433,7 @@ static void send_done(brk_t *b, const brk_barrier_t *s, bool complete) {
      * (it is this version, or a newer one, once some worker applied it). */
     d.current = brk_current_version(b, s->component);
     for (int t = 0; t < s->n_trainers; t++)
-        if (!applied || !failed || brk_send(b->clients, &s->trainers[t].ident, MSG_SYNC_DONE, s->trainers[t].id, &d, NULL) < 0)
+        if (!applied || !failed || brk_client_send_ident(b, &s->trainers[t].ident, MSG_SYNC_DONE, s->trainers[t].id, &d) < 0)
             brk_log("sync %s v%llu: SYNC_DONE not delivered", s->component, (unsigned long long)s->version);
     free(applied);
     free(failed);
@@ -1031,7 +1032,7 @@ void brk_sync_give_up(brk_t *b, const char *code, const char *why) {
         brk_barrier_t *s = b->barriers;
         b->barriers = s->next;
         for (int t = 0; t < s->n_trainers; t++)
-            brk_send_error(b->clients, &s->trainers[t].ident, s->trainers[t].id, code,
+            brk_error_to_ident(b, &s->trainers[t].ident, s->trainers[t].id, code,
                            "%s before sync %s v%llu completed", why, s->component, (unsigned long long)s->version);
         if (s->sync && strcmp(code, WIRE_E_SHUTDOWN)) {
             char reason[300];

@@ -20,6 +20,7 @@
 
 #include "base/error.h"
 #include "broker/brk_log.h"
+#include "broker/brk_deliver.h"
 #include "broker/brk_msg.h"
 #include "broker/brk_zap.h"
 
@@ -46,7 +47,7 @@ static void ack(brk_t *b, const zmq_msg_t *to, uint64_t id, const char *comp, ui
     a.received = received;
     a.complete = complete;
     if (!to) return; /* a copy from the peer broker (brk_ha_copy.c): no one to answer */
-    if (msg_upload_ack_send(b->clients, to, id, &a) != 0) brk_undelivered(b, "UPLOAD_ACK");
+    (void)brk_client_send(b, to, MSG_UPLOAD_ACK, id, &a, NULL); /* (held when its queue is full) */
 }
 
 void brk_upl_close_slot(brk_t *b, slot_t *s, bool remove_part) {

@@ -19,6 +19,7 @@
 
 #include "base/error.h"
 #include "broker/brk_log.h"
+#include "broker/brk_deliver.h"
 #include "broker/brk_msg.h"
 
 /* One FETCH on its way through brk_upload_fetch's phases. */
@@ -109,9 +110,12 @@ static void serve(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, 
     d.offset = offset;
     d.size = size;
     d.chunk = &sh->t[0];
-    if (msg_send(worker_side ? b->workers : b->clients, to, MSG_FETCH_DATA, id, &d, sh) != 0)
-        brk_undelivered(b, "FETCH_DATA");
-    else b->fetch_bytes_read += n;
+    /* (the peer broker's, on the client socket, is held when its queue is
+     * full: brk_deliver.h) */
+    int rc = worker_side ? msg_send(b->workers, to, MSG_FETCH_DATA, id, &d, sh)
+                         : brk_client_send(b, to, MSG_FETCH_DATA, id, &d, sh);
+    if (rc != 0 && worker_side) brk_undelivered(b, "FETCH_DATA");
+    else if (rc == 0) b->fetch_bytes_read += n;
     zmq_msg_close(&sh->frame[0]); /* zmq holds its own reference while it sends */
     free(sh);
 }

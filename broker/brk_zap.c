@@ -3,6 +3,7 @@
  * socket must), 200 only for a CURVE key in the allowlist with a role the
  * socket's domain takes, 400 for anything else. */
 #include "broker/brk_zap.h"
+#include "broker/brk_deliver.h"
 #include "broker/brk_msg.h"
 
 #include <errno.h>

@@ -1106,7 +1106,8 @@ int ctl_broker_metrics(const char *broker, FILE *out) {
     prom(out, "reel_broker_worker_refused_total", "counter",
          "Registered workers' messages refused or dropped for what they said (each logged).", r->worker_refused);
     prom(out, "reel_broker_undelivered_total", "counter",
-         "Messages dropped because their peer could not take them (queue full or gone).", r->undelivered);
+         "Messages dropped because their peer could not take them: gone, a full queue (a client's "
+         "PROGRESS), or a client's answers held past their bounds.", r->undelivered);
     prom(out, "reel_broker_replies_suppressed_total", "counter",
          "Answers to bad messages not sent (over the peer's budget, or not a registered worker).",
          r->replies_suppressed);

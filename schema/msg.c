@@ -531,6 +531,11 @@ static int encode(wire_buf_t *w, msg_type_t type, uint64_t id, const void *body,
 
 int msg_send(void *sock, const zmq_msg_t *identity, msg_type_t type, uint64_t id, const void *body,
              const wire_msg_t *share) {
+    return msg_send_keep(sock, identity, type, id, body, share, NULL);
+}
+
+int msg_send_keep(void *sock, const zmq_msg_t *identity, msg_type_t type, uint64_t id, const void *body,
+                  const wire_msg_t *share, wire_parts_t *keep) {
     if (type < 0 || type >= MSG_UNKNOWN || (msg_descs[type].body && !body)) {
         errno = EINVAL;
         return -1;
@@ -539,7 +544,7 @@ int msg_send(void *sock, const zmq_msg_t *identity, msg_type_t type, uint64_t id
     const wire_tensor_t *t[WIRE_MAX_TENSORS];
     wire_buf_init(&w);
     int n = encode(&w, type, id, body, t);
-    int rc = wire_send_buf(sock, identity, &w, t, n, share);
+    int rc = wire_send_buf_keep(sock, identity, &w, t, n, share, keep);
     int e = errno;
     wire_buf_free(&w);
     errno = e;
@@ -618,6 +623,11 @@ static int patch(wire_buf_t *w, const wire_msg_t *m, const msg_desc_t *desc, uin
 
 int msg_forward(void *sock, const zmq_msg_t *identity, const wire_msg_t *m, msg_type_t type, uint64_t id,
                 const msg_set_t *set, int n_set) {
+    return msg_forward_keep(sock, identity, m, type, id, set, n_set, NULL);
+}
+
+int msg_forward_keep(void *sock, const zmq_msg_t *identity, const wire_msg_t *m, msg_type_t type, uint64_t id,
+                     const msg_set_t *set, int n_set, wire_parts_t *keep) {
     if (type < 0 || type >= MSG_UNKNOWN || !m || !m->has_head || n_set < 0 || n_set > MSG_SET_MAX ||
         (n_set && !set)) {
         errno = EINVAL;
@@ -634,7 +644,7 @@ int msg_forward(void *sock, const zmq_msg_t *identity, const wire_msg_t *m, msg_
     for (int i = 0; i < m->n_tensors; i++) t[i] = &m->t[i];
     int rc = -1;
     if (patch(&w, m, &msg_descs[type], id, set, n_set) != 0) errno = EINVAL;
-    else rc = wire_send_buf(sock, identity, &w, t, m->n_tensors, m);
+    else rc = wire_send_buf_keep(sock, identity, &w, t, m->n_tensors, m, keep);
     int e = errno;
     wire_buf_free(&w);
     errno = e;

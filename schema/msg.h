@@ -542,6 +542,14 @@ int msg_decode(wire_msg_t *m, msg_type_t type, void *body, wire_err_t *err);
  * checks; EMSGSIZE: too large; others from ZeroMQ); nothing was sent then. */
 int msg_send(void *sock, const zmq_msg_t *identity, msg_type_t type, uint64_t id, const void *body,
              const wire_msg_t *share);
+/* As msg_send, keeping a message the socket cannot take at once: with
+ * keep (empty) given, a message whose first part sock refuses with EAGAIN
+ * (a ROUTER_MANDATORY peer's queue full: nothing went) is built into
+ * *keep, which the caller owns (wire_parts_send, wire_parts_close), and
+ * -1 EAGAIN returned; sock NULL only builds it into *keep (0). keep NULL
+ * is msg_send. */
+int msg_send_keep(void *sock, const zmq_msg_t *identity, msg_type_t type, uint64_t id, const void *body,
+                  const wire_msg_t *share, wire_parts_t *keep);
 /* The header bytes msg_send would send (malloc'd, *len set): tests. NULL
  * on out-of-memory or a body no receiver would take. */
 unsigned char *msg_encode(msg_type_t type, uint64_t id, const void *body, size_t *len);
@@ -568,6 +576,9 @@ typedef struct {
  * (EINVAL: m is not a received header or set is bad; others as msg_send). */
 int msg_forward(void *sock, const zmq_msg_t *identity, const wire_msg_t *m, msg_type_t type, uint64_t id,
                 const msg_set_t *set, int n_set);
+/* As msg_forward, keeping what sock cannot take at once as msg_send_keep. */
+int msg_forward_keep(void *sock, const zmq_msg_t *identity, const wire_msg_t *m, msg_type_t type, uint64_t id,
+                     const msg_set_t *set, int n_set, wire_parts_t *keep);
 
 /* ERROR {id, code, message}, message formatted (at most 1023 bytes). */
 int msg_send_error(void *sock, const zmq_msg_t *identity, uint64_t id, const char *code,

@@ -572,8 +572,30 @@ static int part_copy(zmq_msg_t *part, const void *p, size_t n) {
     return 0;
 }
 
+/* The np built parts into keep (they are its now; parts[] is left empty). */
+static void move_parts(wire_parts_t *keep, zmq_msg_t *parts, int np) {
+    for (int i = 0; i < np; i++) {
+        zmq_msg_init(&keep->part[i]);
+        zmq_msg_move(&keep->part[i], &parts[i]);
+    }
+    keep->np = np;
+}
+
 int wire_send_buf(void *sock, const zmq_msg_t *identity, const wire_buf_t *hdr,
                   const wire_tensor_t *const *t, int n, const wire_msg_t *share) {
+    return wire_send_buf_keep(sock, identity, hdr, t, n, share, NULL);
+}
+
+int wire_send_buf_keep(void *sock, const zmq_msg_t *identity, const wire_buf_t *hdr,
+                       const wire_tensor_t *const *t, int n, const wire_msg_t *share, wire_parts_t *keep) {
+    if (keep && keep->np) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (!sock && !keep) {
+        errno = EINVAL;
+        return -1;
+    }
     if (hdr->failed || n < 0 || n > WIRE_MAX_TENSORS) {
         errno = hdr->failed && !hdr->too_deep ? ENOMEM : EINVAL;
         return -1;
@@ -589,6 +611,7 @@ int wire_send_buf(void *sock, const zmq_msg_t *identity, const wire_buf_t *hdr,
         }
     zmq_msg_t parts[2 + WIRE_MAX_TENSORS];
     int np = 0, sent = 0, e = 0;
+    bool built = false;
     if (identity) {
         zmq_msg_t *id = (zmq_msg_t *)identity; /* zmq's getters are not const */
         if (part_copy(&parts[np], zmq_msg_data(id), zmq_msg_size(id)) < 0) goto zerr;
@@ -607,11 +630,24 @@ int wire_send_buf(void *sock, const zmq_msg_t *identity, const wire_buf_t *hdr,
         }
         np++;
     }
+    if (!sock) { /* built only: the caller sends it later */
+        move_parts(keep, parts, np);
+        return 0;
+    }
+    built = true;
     for (sent = 0; sent < np; sent++)
         if (send_part(sock, &parts[sent], sent + 1 < np ? ZMQ_SNDMORE : 0, sent > 0) < 0) goto zerr;
     goto out; /* a sent part belongs to zmq */
 zerr:
     e = errno;
+    /* ZeroMQ takes a multipart message whole or not at all: a first part
+     * refused for a full queue means nothing went, and the message can
+     * wait for room */
+    if (keep && built && sent == 0 && e == EAGAIN) {
+        move_parts(keep, parts, np);
+        errno = EAGAIN;
+        return -1;
+    }
 out:
     for (int i = sent; i < np; i++) zmq_msg_close(&parts[i]);
     if (e) {
@@ -619,6 +655,33 @@ out:
         return -1;
     }
     return 0;
+}
+
+int wire_parts_send(void *sock, wire_parts_t *p) {
+    int sent = 0;
+    for (; sent < p->np; sent++)
+        if (send_part(sock, &p->part[sent], sent + 1 < p->np ? ZMQ_SNDMORE : 0, sent > 0) < 0) break;
+    if (sent == p->np) {
+        p->np = 0; /* every part belongs to zmq now */
+        return 0;
+    }
+    int e = errno;
+    if (sent == 0 && e == EAGAIN) return -1; /* nothing went: still held */
+    for (int i = sent; i < p->np; i++) zmq_msg_close(&p->part[i]);
+    p->np = 0;
+    errno = e;
+    return -1;
+}
+
+size_t wire_parts_bytes(const wire_parts_t *p) {
+    size_t n = 0;
+    for (int i = 0; i < p->np; i++) n += zmq_msg_size((zmq_msg_t *)&p->part[i]);
+    return n;
+}
+
+void wire_parts_close(wire_parts_t *p) {
+    for (int i = 0; i < p->np; i++) zmq_msg_close(&p->part[i]);
+    p->np = 0;
 }
 
 /* The caller's map minus "proto"/"tensors", then those two. */

@@ -262,6 +262,27 @@ int wire_send(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr,
  * (ZeroMQ reference-counts them): how a broker forwards large tensors.
  * src keeps its frames and stays valid. */
 int wire_forward(void *sock, const zmq_msg_t *identity, const wire_val_t *hdr, wire_msg_t *src);
+/* A message built for a socket that could not take it yet (its peer's
+ * queue full, the first part refused with EAGAIN: nothing of it went),
+ * kept by its sender to send again (msg_send_keep, msg_forward_keep). Its
+ * frames are its own: tensors shared from a received message are
+ * reference-counted by ZeroMQ, so they outlive that message. Zeroed:
+ * empty. */
+typedef struct {
+    zmq_msg_t part[2 + WIRE_MAX_TENSORS];
+    int np;                      /* parts held; 0: empty */
+} wire_parts_t;
+/* Sends what p holds on sock without waiting (the socket's ZMQ_SNDTIMEO
+ * decides: 0 for the daemons). 0: sent, p empty. -1 with errno EAGAIN:
+ * the socket still cannot take it, p unchanged. -1 with another errno
+ * (EHOSTUNREACH: a ROUTER_MANDATORY peer gone): dropped, p empty. An
+ * empty p is 0. */
+int wire_parts_send(void *sock, wire_parts_t *p);
+/* The bytes p holds (every part). */
+size_t wire_parts_bytes(const wire_parts_t *p);
+/* Drops what p holds; p is empty after. Safe on an empty one. */
+void wire_parts_close(wire_parts_t *p);
+
 /* A header map {"type": type, "id": id} to add fields to. NULL on OOM. */
 wire_val_t *wire_hdr(const char *type, uint64_t id);
 

@@ -141,6 +141,13 @@ bool wire_utf8_valid(const char *s, size_t n);
  * -1 with errno. */
 int wire_send_buf(void *sock, const zmq_msg_t *identity, const wire_buf_t *hdr,
                   const wire_tensor_t *const *t, int n, const wire_msg_t *share);
+/* As wire_send_buf, keeping a message sock cannot take at once: when keep
+ * is not NULL (and empty) and the first part is refused with EAGAIN
+ * (nothing went), the built parts move into *keep and -1 EAGAIN is
+ * returned; sock NULL only builds the message into *keep (0). keep NULL
+ * is wire_send_buf. */
+int wire_send_buf_keep(void *sock, const zmq_msg_t *identity, const wire_buf_t *hdr,
+                       const wire_tensor_t *const *t, int n, const wire_msg_t *share, wire_parts_t *keep);
 
 /* Receives one message (see wire_recv); builds m->hdr only when `tree`. */
 int wire_recv_as(void *sock, bool router, int flags, wire_msg_t *m, wire_err_t *err, bool tree);

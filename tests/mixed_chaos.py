@@ -17,8 +17,12 @@ alone on the reference worker at the version it reports; every reported
 version was current while the request ran; no request started on a
 worker after it acked a sync ran on an older version; the catalog
 (reelctl why, versions, evictions, report) agrees with what the clients
-saw; no daemon crashed. Prints one PASS or FAIL line per check
-(lib_cli.sh's py_checks counts them). Every wait is bounded.
+saw; no daemon crashed. Before the traffic, on clusters of their own: a
+broker stopped (SIGSTOP) for a moment while its worker's PROGRESS pile
+up, and a client that reads nothing while its requests step, still get
+every RESULT (--stall-only runs only these two). Prints one PASS or FAIL
+line per check (lib_cli.sh's py_checks counts them). Every wait is
+bounded.
 """
 
 import argparse
@@ -446,7 +450,9 @@ def stall_check(build, d):
     the worker finishes a request that asked for PROGRESS: the worker's
     queue to the broker fills with PROGRESS, and the RESULT behind them
     must still reach the client once the broker goes on -- not be lost, the
-    client waiting out its deadline for a request that ran."""
+    client waiting out its deadline for a request that ran -- and so must
+    they reach a client with ZeroMQ's default receive queue, which that
+    burst of PROGRESS, forwarded, can fill in turn."""
     cluster = Cluster(build, d)
     ce, we = f"ipc://{d}/stall-clients", f"ipc://{d}/stall-workers"
     port = free_port()
@@ -462,9 +468,10 @@ def stall_check(build, d):
             return
         s = zmq.Context.instance().socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
-        # this client takes every PROGRESS the broker forwards (the broker
-        # drops what a full client queue cannot take: "undelivered")
-        s.setsockopt(zmq.RCVHWM, 0)
+        # ZeroMQ's default receive queue: the burst of PROGRESS after the
+        # stall may fill it, and the RESULTs behind must still come (the
+        # broker holds what a full client queue cannot take and drops only
+        # PROGRESS: slow_reader_check makes that sure)
         s.connect(ce)
         c = np.random.default_rng(1).standard_normal((3, 32)).astype("<f4")
         # many short steps, each a PROGRESS: far more than the connection's queue holds
@@ -522,6 +529,80 @@ def stall_check(build, d):
             check(rc == want, f"stall check: {name} exits {want}", f"exit {rc}")
 
 
+def status_of(sock, sid):
+    """A STATUS sent on sock (a DEALER of its own), its reply's header or None."""
+    sock.send_multipart([msgpack.packb({"proto": "reel/1", "type": "STATUS", "id": sid})])
+    end = time.monotonic() + 10
+    while time.monotonic() < end and sock.poll(int((end - time.monotonic()) * 1000)):
+        m = msgpack.unpackb(sock.recv_multipart()[0], raw=False)
+        if m.get("type") == "STATUS_REPLY" and m.get("id") == sid:
+            return m
+    return None
+
+
+def slow_reader_check(build, d):
+    """A client that reads nothing while its request steps (busy elsewhere)
+    with ZeroMQ's default receive queue: the broker forwards the request's
+    PROGRESS until the client's queue is full, drops those it cannot take,
+    and must hold the RESULT that finds the queue full and send it once the
+    client reads -- not drop it, the client waiting out its timeout for a
+    request that ran (its liveness STATUS meets the same broker: no
+    resend)."""
+    cluster = Cluster(build, d)
+    ce, we = f"ipc://{d}/slow-clients", f"ipc://{d}/slow-workers"
+    try:
+        ok = cluster.broker("slow-broker", ce, we, f"{d}/slow.db") and cluster.worker(
+            "slow", "slow-broker", we, f"{d}/w1.safetensors", "--streams", "1")
+        check(ok, "slow reader check: a broker and a worker start")
+        if not ok:
+            return
+        ctx = zmq.Context.instance()
+        s, st = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+        for so in (s, st):
+            so.setsockopt(zmq.LINGER, 0)
+            so.connect(ce)
+        c = np.random.default_rng(1).standard_normal((3, 32)).astype("<f4")
+        # two requests of a PROGRESS per step: far more than the client's
+        # queue holds (ZeroMQ's default 1,000 at each end, and the socket's
+        # buffers)
+        h = {"proto": "reel/1", "type": "GEN", "id": 1, "model": "tiny", "steps": 10000, "latent_shape": [4, 1, 4, 4],
+             "seed": 1, "progress": True, "deadline_ms": 60000,
+             "tensors": [{"name": "context", "dtype": "F32", "shape": [3, 32], "bytes": c.nbytes}]}
+        s.send_multipart([msgpack.packb(h), c.tobytes()])
+        s.send_multipart([msgpack.packb(dict(h, id=2, seed=2)), c.tobytes()])
+        # s reads nothing until the broker has forwarded both answers
+        st_reply, end, sid = None, time.monotonic() + 120, 100
+        while time.monotonic() < end:
+            sid += 1
+            st_reply = status_of(st, sid)
+            if st_reply and st_reply.get("requests_ok", 0) + st_reply.get("requests_failed", 0) >= 2:
+                break
+            time.sleep(0.05)
+        check(st_reply is not None and st_reply.get("requests_ok") == 2, "slow reader check: the requests ran",
+              repr(st_reply and {k: st_reply.get(k) for k in ("requests_ok", "requests_failed")}))
+        check(st_reply is not None and st_reply.get("undelivered", 0) > 0,
+              "slow reader check: the client's queue filled (the broker dropped PROGRESS it could not take)",
+              repr(st_reply and st_reply.get("undelivered")))
+        finals, nprog, t_read = {}, 0, time.monotonic()
+        while len(finals) < 2 and s.poll(10000):
+            m = msgpack.unpackb(s.recv_multipart()[0], raw=False)
+            if m.get("type") == "PROGRESS":
+                nprog += 1
+            else:
+                finals[m.get("id")] = {k: m.get(k) for k in ("type", "code", "message")}
+        check(all(finals.get(i, {}).get("type") == "RESULT" for i in (1, 2)),
+              "a client that read nothing while its requests ran gets their RESULTs behind the PROGRESS that filled "
+              "its queue", repr(finals))
+        note(f"  ({nprog} PROGRESS came, {st_reply and st_reply.get('undelivered')} undelivered; the RESULTs "
+             f"{(time.monotonic() - t_read) * 1000:.0f} ms after the client began to read)")
+        s.close(0)
+        st.close(0)
+    finally:
+        cluster.stop_all()
+        for name, rc, want in cluster.exits:
+            check(rc == want, f"slow reader check: {name} exits {want}", f"exit {rc}")
+
+
 def bitwise(a, b):
     return a is not None and b is not None and a.shape == b.shape and a.tobytes() == b.tobytes()
 
@@ -536,7 +617,7 @@ def main():
     ap.add_argument("--sample", type=int, default=24)
     ap.add_argument("--kinds", default="", help="only these kinds (comma-separated): to narrow a failure down")
     ap.add_argument("--no-kill", action="store_true")
-    ap.add_argument("--stall-only", action="store_true", help="only the check of a broker stalled (SIGSTOP)")
+    ap.add_argument("--stall-only", action="store_true", help="only the checks of a broker stalled (SIGSTOP) and of a client that reads late")
     ap.add_argument("--no-syncs", action="store_true")
     args = ap.parse_args()
     d, build = args.dir, args.build
@@ -547,6 +628,7 @@ def main():
                         f"{d}/w{v}.safetensors"], check=True, stderr=subprocess.DEVNULL)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stall_check(build, d)
+    slow_reader_check(build, d)
     if args.stall_only:
         sys.exit(1 if fails else 0)
     cluster = Cluster(build, d)

@@ -23,6 +23,7 @@
 #include "broker/brk_broker.h"
 #include "broker/brk_workers.h"
 #include "broker/brk_check.h"
+#include "broker/brk_deliver.h"
 #include "broker/brk_ha.h"
 #include "broker/brk_ha_int.h"
 #include "broker/brk_hot.h"
@@ -915,6 +916,7 @@ static void box_open(box_t *x) {
 static void box_close(box_t *x) {
     brk_req_shutdown(&x->b);
     brk_sync_shutdown(&x->b);
+    brk_deliver_stop(&x->b);
     brk_msg_pool_free(&x->b);
     brk_workers_free_events(&x->b);
     brk_queue_free(&x->b.queue);
@@ -2281,6 +2283,130 @@ START_TEST(test_a_progress_with_bad_fields_is_dropped_and_counted_as_a_worker_re
     ck_assert_str_eq(d->type, "RESULT");
     drop_msg(&d);
     all_answered(&x);
+    box_close(&x);
+}
+END_TEST
+
+/* ---- answers to a client whose queue is full (broker/brk_deliver.h) --------------- */
+
+/* A client whose connection holds 2 messages: the broker's client socket
+ * made anew (ZeroMQ reads an inproc peer's HWM at its bind) as brk_main
+ * makes it -- ZMQ_ROUTER_MANDATORY, sends that never wait -- with a send
+ * HWM of 1, and a client with a receive HWM of 1. */
+static void *small_client(box_t *x) {
+    int one = 1, zero = 0;
+    zmq_close(x->b.clients);
+    x->b.clients = sock(x->b.ctx, ZMQ_ROUTER);
+    zmq_setsockopt(x->b.clients, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(x->b.clients, ZMQ_SNDTIMEO, &zero, sizeof zero);
+    zmq_setsockopt(x->b.clients, ZMQ_SNDHWM, &one, sizeof one);
+    ck_assert_int_eq(zmq_bind(x->b.clients, "inproc://small-clients"), 0);
+    void *s = sock(x->b.ctx, ZMQ_DEALER);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &one, sizeof one);
+    ck_assert_int_eq(zmq_connect(s, "inproc://small-clients"), 0);
+    return s;
+}
+
+/* The loop's retries until nothing is held (what the client read made
+ * room for), at most 2 s: ZeroMQ tells the broker's socket about the room
+ * through its own commands, which a send reads. */
+static void retry_until_sent(box_t *x, uint64_t left) {
+    for (int i = 0; i < 2000 && x->b.answers_held > left; i++) {
+        brk_deliver_retry(&x->b, brk_now_ms());
+        if (x->b.answers_held > left) zmq_poll(NULL, 0, 1);
+    }
+    ck_assert_uint_eq(x->b.answers_held, left);
+}
+
+static void status_from(box_t *x, void *s, uint64_t id) {
+    wire_val_t *h = wire_hdr("STATUS", id);
+    ck_assert_int_eq(wire_send(s, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(x, false);
+}
+
+/* A RESULT that finds its client's queue full (a burst of PROGRESS filled
+ * it) is held, not dropped: the client read nothing and waited out its
+ * timeout before. The answers after it (a STATUS_REPLY, another request's
+ * ERROR) wait behind it, PROGRESS meanwhile is dropped and counted, and
+ * each goes, in order, as the client reads and makes room. */
+START_TEST(test_an_answer_that_finds_its_clients_queue_full_is_held_and_sent_in_order_as_it_reads) {
+    box_t x;
+    box_open(&x);
+    void *c = small_client(&x);
+    ready_with(&x, 0, 1, 2);
+    wire_val_t *h = gen_hdr(9, TOKEN_A, 7);
+    wv_set(h, "steps", wv_u64(6));
+    wv_set(h, "progress", wv_bool(true));
+    gen_send(&x, c, h, 0);
+    uint64_t rid = request_on(&x, 0);
+    gen_from(&x, c, 10, TOKEN_A, 8, true);
+    uint64_t rid2 = request_on(&x, 0);
+    const uint64_t before = x.b.undelivered;
+    for (uint64_t k = 1; k <= 6; k++) progress_from(&x, rid, k, 6, 0, 0);
+    ck_assert_uint_eq(x.b.undelivered, before + 4); /* two fit */
+    serve(&x, rid);
+    ck_assert_uint_eq(x.b.answers_held, 1);
+    ck_assert_uint_eq(x.b.undelivered, before + 4);
+    progress_from(&x, rid2, 1, 2, 0, 0); /* behind an answer held: dropped */
+    ck_assert_uint_eq(x.b.undelivered, before + 5);
+    status_from(&x, c, 11);
+    wire_val_t *e = wire_hdr("ERROR", rid2);
+    wv_set(e, "code", wv_str(WIRE_E_INTERNAL));
+    wv_set(e, "message", wv_str("ends the test"));
+    from_worker(&x, 0, e);
+    ck_assert_uint_eq(x.b.answers_held, 3);
+    ck_assert_uint_eq(x.b.undelivered, before + 5);
+    all_answered(&x); /* (the requests ended: only their answers wait) */
+    expect_progress(c, 9, 1, 6, 0);
+    expect_progress(c, 9, 2, 6, 0);
+    quiet(c, "the client (its answers held)");
+    retry_until_sent(&x, 1); /* room for two */
+    expect_on(c, "RESULT", 9, NULL);
+    expect_on(c, "STATUS_REPLY", 11, NULL);
+    retry_until_sent(&x, 0);
+    expect_on(c, "ERROR", 10, WIRE_E_INTERNAL);
+    ck_assert_uint_eq(x.b.undelivered, before + 5);
+    TS_OK(brk_check(&x.b));
+    zmq_close(c);
+    box_close(&x);
+}
+END_TEST
+
+/* A client must not pin the broker's memory by never reading: its held
+ * answers are dropped, each counted undelivered, once it took none of
+ * them for BRK_HELD_MS, and an answer that would take the answers held
+ * past --max-held-mb is never held. */
+START_TEST(test_answers_held_for_a_client_that_never_reads_are_dropped_and_counted_past_their_bounds) {
+    box_t x;
+    box_open(&x);
+    void *c = small_client(&x);
+    ready_with(&x, 0, 1, 2);
+    gen_from(&x, c, 9, TOKEN_A, 7, false);
+    uint64_t rid = request_on(&x, 0);
+    gen_from(&x, c, 10, TOKEN_A, 8, false);
+    uint64_t rid2 = request_on(&x, 0);
+    status_from(&x, c, 1);
+    status_from(&x, c, 2); /* the queue is full */
+    const uint64_t before = x.b.undelivered;
+    serve(&x, rid);
+    ck_assert_uint_eq(x.b.answers_held, 1);
+    brk_deliver_retry(&x.b, brk_now_ms() + BRK_HELD_MS / 2);
+    ck_assert_uint_eq(x.b.answers_held, 1);
+    brk_deliver_retry(&x.b, brk_now_ms() + BRK_HELD_MS);
+    ck_assert_uint_eq(x.b.answers_held, 0);
+    ck_assert_uint_eq(x.b.answers_held_bytes, 0);
+    ck_assert_uint_eq(x.b.undelivered, before + 1);
+    /* the bytes: a RESULT larger than --max-held-mb allows is dropped at once */
+    x.b.opt.max_held_bytes = 1024; /* the RESULT's latent alone is 2 KiB */
+    serve(&x, rid2);
+    ck_assert_uint_eq(x.b.answers_held, 0);
+    ck_assert_uint_eq(x.b.undelivered, before + 2);
+    all_answered(&x);
+    expect_on(c, "STATUS_REPLY", 1, NULL);
+    expect_on(c, "STATUS_REPLY", 2, NULL);
+    quiet(c, "the client (its answers dropped)");
+    zmq_close(c);
     box_close(&x);
 }
 END_TEST
@@ -5386,6 +5512,8 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_a_gen_resent_while_its_request_lives_is_attached_and_answered_once_to_the_resend);
     tcase_add_test(an, test_progress_out_of_order_never_goes_backwards_and_the_result_names_the_brokers_boot);
     tcase_add_test(an, test_a_progress_with_bad_fields_is_dropped_and_counted_as_a_worker_refusal);
+    tcase_add_test(an, test_an_answer_that_finds_its_clients_queue_full_is_held_and_sent_in_order_as_it_reads);
+    tcase_add_test(an, test_answers_held_for_a_client_that_never_reads_are_dropped_and_counted_past_their_bounds);
     tcase_add_test(an, test_a_groups_progress_runs_to_n_times_its_steps_and_frames_and_no_further);
     tcase_add_test(an, test_a_latent_gens_progress_never_counts_decoded_frames);
     tcase_add_test(an, test_a_decoded_gens_progress_counts_its_frames_on_and_never_past_the_end);
