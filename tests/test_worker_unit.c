@@ -433,6 +433,118 @@ START_TEST(test_an_events_batch_encodes_within_the_wire_limits) {
 }
 END_TEST
 
+/* A link to a broker whose connection holds 2 messages (the broker's
+ * receive HWM 1, read at its bind, and the worker's send HWM 1), the
+ * worker's DEALER never waiting, as the worker's is (SNDTIMEO 0). */
+static void small_link(void *zctx, const char *ep, void **broker, void **dealer) {
+    int one = 1, zero = 0;
+    *broker = zmq_socket(zctx, ZMQ_ROUTER);
+    *dealer = zmq_socket(zctx, ZMQ_DEALER);
+    zmq_setsockopt(*broker, ZMQ_RCVHWM, &one, sizeof one);
+    zmq_setsockopt(*dealer, ZMQ_SNDHWM, &one, sizeof one);
+    zmq_setsockopt(*dealer, ZMQ_SNDTIMEO, &zero, sizeof zero);
+    ck_assert_int_eq(zmq_bind(*broker, ep), 0);
+    ck_assert_int_eq(zmq_connect(*dealer, ep), 0);
+}
+
+/* Reads the EVENTS waiting at the broker's end, adding up their entries
+ * and `dropped`. */
+static void broker_reads(void *broker, uint64_t *entries, uint64_t *dropped) {
+    zmq_pollitem_t it = { broker, 0, ZMQ_POLLIN, 0 };
+    while (zmq_poll(&it, 1, 0) > 0) {
+        wire_msg_t m;
+        wire_err_t err;
+        msg_events_t ev;
+        memset(&m, 0, sizeof m);
+        ck_assert_int_eq(msg_recv(broker, true, 0, &m, &err), 0);
+        ck_assert_int_eq(msg_events_decode(&m, &ev, &err), 0);
+        *entries += ev.n_events;
+        *dropped += ev.dropped;
+        wire_msg_close(&m);
+    }
+}
+
+static void captures(wrk_events_t *b, uint64_t n) {
+    for (uint64_t h = 1; h <= n; h++) {
+        cap_event_t c = ev_of(CAP_EV_CAPTURE, 0, h, 0);
+        wrk_events_on_cache(b, &c);
+    }
+}
+
+/* The broker's connection full (the broker stalled, or busy with a flood
+ * of PROGRESS): the EVENTS it cannot take is held and goes first once it
+ * can, and nothing more is taken meanwhile. Before, the events taken for
+ * it were lost, counted nowhere: captures missing from the catalog. */
+START_TEST(test_events_the_brokers_full_connection_cannot_take_are_held_and_sent_later) {
+    void *zctx = zmq_ctx_new(), *broker, *dealer;
+    small_link(zctx, "inproc://events-full", &broker, &dealer);
+    wrk_events_t *b = wrk_events_new(4096);
+    captures(b, 5 * WRK_EVENTS_PER_MSG);
+    wrk_events_held_t held;
+    memset(&held, 0, sizeof held);
+    ck_assert_int_eq(wrk_events_flush(b, dealer, &held, 64), 1); /* two went, the third is held */
+    ck_assert_int_gt(held.parts.np, 0);
+    ck_assert_uint_eq(held.entries, WRK_EVENTS_PER_MSG);
+    ck_assert_int_eq(wrk_events_flush(b, dealer, &held, 64), 1); /* still full: it keeps its place */
+    ck_assert_uint_eq(held.entries, WRK_EVENTS_PER_MSG);
+    uint64_t entries = 0, dropped = 0;
+    /* the broker reads; each flush goes on from where it stopped (ZeroMQ
+     * tells the DEALER of the room through its own commands: bounded) */
+    int rc = 1;
+    for (int i = 0; i < 2000 && (rc != 0 || held.parts.np); i++) {
+        broker_reads(broker, &entries, &dropped);
+        rc = wrk_events_flush(b, dealer, &held, 64);
+        if (rc != 0) zmq_poll(NULL, 0, 1);
+    }
+    ck_assert_int_eq(rc, 0);
+    for (int i = 0; i < 2000 && entries < 5 * WRK_EVENTS_PER_MSG; i++) {
+        broker_reads(broker, &entries, &dropped);
+        if (entries < 5 * WRK_EVENTS_PER_MSG) zmq_poll(NULL, 0, 1);
+    }
+    ck_assert_uint_eq(entries, 5 * WRK_EVENTS_PER_MSG);
+    ck_assert_uint_eq(dropped, 0);
+    wrk_events_held_clear(&held);
+    wrk_events_destroy(&b);
+    zmq_close(dealer);
+    zmq_close(broker);
+    zmq_ctx_term(zctx);
+}
+END_TEST
+
+/* An EVENTS that can never be sent (the link is going away) is counted:
+ * its entries, and the `dropped` it carried, are reported as dropped by
+ * the next EVENTS, so the broker's catalog_dropped says what is missing. */
+START_TEST(test_events_that_cannot_be_sent_are_counted_as_dropped) {
+    void *zctx = zmq_ctx_new();
+    void *dealer = zmq_socket(zctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(dealer, ZMQ_SNDTIMEO, &zero, sizeof zero);
+    wrk_events_t *b = wrk_events_new(4096);
+    captures(b, 3 * WRK_EVENTS_PER_MSG);
+    wrk_events_held_t held;
+    memset(&held, 0, sizeof held);
+    /* no broker yet: the first is held */
+    ck_assert_int_eq(wrk_events_flush(b, dealer, &held, 64), 1);
+    ck_assert_uint_eq(held.entries, WRK_EVENTS_PER_MSG);
+    zmq_ctx_shutdown(zctx); /* every send fails (ETERM) once the socket reads its stop command */
+    for (int i = 0; i < 2000 && held.parts.np; i++)
+        if (wrk_events_flush(b, dealer, &held, 64) == 1 && held.parts.np) zmq_poll(NULL, 0, 1);
+    ck_assert_int_eq(held.parts.np, 0); /* lost: its 128 counted */
+    /* the next one, taken and refused at once: its own entries and the
+     * `dropped` it carried are counted again */
+    ck_assert_int_eq(wrk_events_flush(b, dealer, &held, 64), 1);
+    ck_assert_int_eq(held.parts.np, 0);
+    uint64_t dropped = 0;
+    taken_t *t = take(b, WRK_EVENTS_PER_MSG, &dropped);
+    ck_assert_uint_eq(dropped, 2 * WRK_EVENTS_PER_MSG);
+    ck_assert_uint_eq(t->ev.n_events, WRK_EVENTS_PER_MSG); /* the third still waits */
+    untake(&t);
+    wrk_events_destroy(&b);
+    zmq_close(dealer);
+    zmq_ctx_term(zctx);
+}
+END_TEST
+
 /* ---- REQUEST checking ---------------------------------------------------------- */
 
 static tdit_config_t tiny;
@@ -1833,6 +1945,8 @@ static Suite *suite(void) {
     tcase_add_test(t, test_events_report_the_worker_stream_numbers_not_the_cache_order);
     tcase_add_test(t, test_an_entry_evicted_without_a_graph_is_not_reported);
     tcase_add_test(t, test_a_full_event_buffer_drops_and_counts_instead_of_growing);
+    tcase_add_test(t, test_events_the_brokers_full_connection_cannot_take_are_held_and_sent_later);
+    tcase_add_test(t, test_events_that_cannot_be_sent_are_counted_as_dropped);
     tcase_add_test(t, test_an_events_batch_encodes_within_the_wire_limits);
     suite_add_tcase(s, t);
     t = tcase_create("request");

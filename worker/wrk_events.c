@@ -4,6 +4,7 @@
 #include "worker/wrk_events.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -284,4 +285,46 @@ msg_event_t *wrk_events_take(wrk_events_t *e, size_t max, size_t *n, uint64_t *d
 out:
     unlock(e);
     return out;
+}
+
+/* n entries that never reached the broker: reported as dropped. */
+static void lost(wrk_events_t *e, uint64_t n) {
+    if (!n) return;
+    lock(e);
+    e->dropped += n;
+    unlock(e);
+}
+
+void wrk_events_held_clear(wrk_events_held_t *held) {
+    wire_parts_close(&held->parts);
+    held->entries = 0;
+}
+
+int wrk_events_flush(wrk_events_t *e, void *out, wrk_events_held_t *held, int max_msgs) {
+    if (held->parts.np) {
+        if (wire_parts_send(out, &held->parts) != 0) {
+            if (errno == EAGAIN) return 1; /* still full: it keeps its place */
+            lost(e, held->entries);        /* (wire_parts_send dropped it) */
+            held->entries = 0;
+            return wrk_events_pending(e) ? 1 : 0;
+        }
+        held->entries = 0;
+    }
+    for (int i = 0; i < max_msgs && wrk_events_pending(e); i++) {
+        msg_events_t ev = { NULL, 0, 0 };
+        msg_event_t *taken = wrk_events_take(e, WRK_EVENTS_PER_MSG, &ev.n_events, &ev.dropped);
+        if (!taken && !ev.dropped) break; /* out of memory: the entries stay */
+        ev.events = taken;
+        int rc = msg_send_keep(out, NULL, MSG_EVENTS, 0, &ev, NULL, &held->parts);
+        int err = errno;
+        free(taken);
+        if (rc == 0) continue;
+        if (err == EAGAIN && held->parts.np) { /* the broker's queue is full: this one goes first next time */
+            held->entries = ev.n_events + ev.dropped;
+            return 1;
+        }
+        lost(e, ev.n_events + ev.dropped);
+        break;
+    }
+    return wrk_events_pending(e) ? 1 : 0;
 }

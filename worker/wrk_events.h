@@ -8,7 +8,9 @@
  * lifecycle is kept). Replays are only counted, per (key_hash, stream), and
  * emitted as {kind "replays", count}. The buffer is bounded: past its limit
  * events are dropped and counted, never allowed to grow without end while
- * the broker is away.
+ * the broker is away. wrk_events_flush sends them: an EVENTS the broker's
+ * connection cannot take is held, one that cannot be sent is counted
+ * dropped too (the next EVENTS' `dropped` says so).
  *
  * Streams in events are the worker's stream numbers. The cache numbers
  * streams in the order it first sees them; the map between the two is
@@ -59,5 +61,25 @@ bool wrk_events_pending(wrk_events_t *e);
  * NULL) receives and resets the count of events dropped since the last
  * call. */
 msg_event_t *wrk_events_take(wrk_events_t *e, size_t max, size_t *n, uint64_t *dropped);
+
+/* An EVENTS message the broker's connection could not take yet (its
+ * queue full: the broker stalled or busy), kept to go first at the next
+ * flush. Zeroed: none. */
+typedef struct {
+    wire_parts_t parts;
+    uint64_t entries;            /* the events it carries, and those its `dropped` reports */
+} wrk_events_held_t;
+
+/* Sends what is pending on `out` (the DEALER to the broker), at most
+ * max_msgs EVENTS of WRK_EVENTS_PER_MSG entries, never waiting. What is
+ * held goes first; a message `out` cannot take now is held (and nothing
+ * more is taken meanwhile: the buffer keeps what waits, bounded, counting
+ * what does not fit as dropped); a message that cannot be sent for any
+ * other reason is lost, and its entries counted as dropped, so the next
+ * EVENTS' `dropped` reports them. 0 when nothing waits any more, 1 when
+ * something still does (held, or more pending than max_msgs). */
+int wrk_events_flush(wrk_events_t *e, void *out, wrk_events_held_t *held, int max_msgs);
+/* Drops what held holds (the worker stops). Safe on an empty one. */
+void wrk_events_held_clear(wrk_events_held_t *held);
 
 #endif

@@ -79,6 +79,8 @@ typedef struct {
     void *dealer;                /* NULL while waiting to reconnect */
     void *pull;
     wrk_pipe_held_t held;        /* a pipe message the DEALER could not take yet (wrk_pipe_forward) */
+    wrk_events_held_t ev_held;   /* an EVENTS the DEALER could not take yet (wrk_events_flush): kept
+                                  * across reconnects, the catalog's whichever broker records it */
     int64_t heard;               /* last message from the broker */
     int64_t quiet_until;         /* a large REQUEST is on its way (HEARTBEAT "incoming"): no reconnect before */
     int64_t next_hb, next_events, reconnect_at;
@@ -446,18 +448,13 @@ static int send_ready(link_t *l) {
     return send_msg(l, MSG_READY, &r);
 }
 
-/* Sends every pending event, WRK_EVENTS_PER_MSG per EVENTS message. */
+/* Sends the pending events, WRK_EVENTS_PER_MSG per EVENTS message. One
+ * the broker's connection cannot take (its queue full: a broker stalled
+ * or busy) is held and goes first next time; before, the events taken
+ * for it were lost, and counted nowhere. */
 static void flush_events(link_t *l) {
     if (!l->dealer) return;
-    for (int guard = 0; guard < 64 && wrk_events_pending(l->w->events); guard++) {
-        msg_events_t ev = { NULL, 0, 0 };
-        msg_event_t *taken = wrk_events_take(l->w->events, WRK_EVENTS_PER_MSG, &ev.n_events, &ev.dropped);
-        if (!taken && !ev.dropped) break;
-        ev.events = taken;
-        int rc = send_msg(l, MSG_EVENTS, &ev);
-        free(taken);
-        if (rc != 0) break; /* the broker is away: what was taken is lost */
-    }
+    (void)wrk_events_flush(l->w->events, l->dealer, &l->ev_held, 64);
 }
 
 /* A new broker session: requests of the old one are abandoned (the broker
@@ -1083,6 +1080,7 @@ static void teardown(run_t *r) {
     reel_http_stop(&l->http); /* it reads nothing of ours: only what was published */
     if (l->dealer) zmq_close(l->dealer);
     wrk_pipe_held_clear(&l->held);
+    wrk_events_held_clear(&l->ev_held); /* (the worker stops: no one to report it to) */
     wrk_exec_stop(l->exec);
     wrk_syncer_destroy(&l->sync);
     if (l->pull) zmq_close(l->pull);
