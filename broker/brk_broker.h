@@ -341,6 +341,8 @@ typedef struct {
     struct brk_orphan *orphans;
     int n_orphans;
     uint64_t orphan_events_lost;     /* their entries never recorded: no READY in time, or too many */
+    uint64_t worker_events_lost;     /* events the workers said they lost (EVENTS `dropped`): past a
+                                      * worker's buffer, or in an EVENTS it could not send */
     brk_log_budget_t orphan_log;     /* those losses' share of the log */
 } brk_t;
 

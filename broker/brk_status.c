@@ -100,7 +100,7 @@ void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
         if (s->sync) note_version(&r->pending, s->component, s->version);
     r->malformed = b->malformed;
     r->worker_refused = b->worker_refused;
-    r->catalog_dropped = brk_catq_dropped(b->cat) + b->orphan_events_lost;
+    r->catalog_dropped = brk_catq_dropped(b->cat) + b->orphan_events_lost + b->worker_events_lost;
     r->catalog_failures = brk_catq_failures(b->cat);
     r->catalog_pending = brk_catq_pending(b->cat);
     r->undelivered = b->undelivered;

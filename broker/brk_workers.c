@@ -93,6 +93,11 @@ void brk_workers_events(brk_t *b, brk_worker_t *w, const msg_events_t *ev) {
     size_t skipped = 0;
     char hash[17];
     const char *wn = w->route.name;
+    if (ev->dropped) { /* they never reach the catalog either: STATUS catalog_dropped says so */
+        b->worker_events_lost += ev->dropped;
+        brk_log_limited(&w->log, wn, "worker %s lost %llu event%s (past its buffer, or in an EVENTS it could not "
+                        "send): not in the catalog", wn, (unsigned long long)ev->dropped, ev->dropped == 1 ? "" : "s");
+    }
     /* The catalog's summaries count captures, replays and evictions at the
      * weight version the worker runs now. */
     uint64_t version = brk_peer_version(&w->route, BRK_COMPONENT);
@@ -194,6 +199,7 @@ static int orphan_victim(const brk_t *b, const brk_ident_t *id) {
 }
 
 void brk_workers_keep_events(brk_t *b, const zmq_msg_t *identity, const msg_events_t *ev) {
+    b->worker_events_lost += ev->dropped; /* (lost whoever sent them; what it kept is adopted with dropped 0) */
     if (!ev->n_events) return;
     if (!b->orphans && !(b->orphans = calloc(BRK_ORPHANS, sizeof *b->orphans))) {
         b->orphan_events_lost += ev->n_events;

@@ -4776,6 +4776,48 @@ START_TEST(test_events_sent_before_ready_are_recorded_once_their_connection_regi
 }
 END_TEST
 
+/* STATUS catalog_dropped of the box's broker (no catalog: only what the
+ * broker itself counted). */
+static uint64_t catalog_dropped_of(box_t *x) {
+    wire_val_t *h = wire_hdr("STATUS", 13);
+    ck_assert_int_eq(wire_send(x->trainer, NULL, h, NULL, 0), 0);
+    wv_free(&h);
+    deliver(x, false);
+    wire_msg_t *m = answer(x);
+    uint64_t dropped = UINT64_MAX;
+    ck_assert_str_eq(m->type, "STATUS_REPLY");
+    ck_assert(wv_get_u64(m->hdr, "catalog_dropped", &dropped));
+    drop_msg(&m);
+    return dropped;
+}
+
+/* The events a worker says it lost (EVENTS `dropped`: past its buffer, or
+ * in an EVENTS it could not send) count in STATUS catalog_dropped, from a
+ * registered worker and from a connection not registered yet alike: they
+ * are missing from the catalog. Before, the broker read the count and
+ * dropped it. */
+START_TEST(test_events_a_worker_reports_lost_count_in_catalog_dropped) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    ck_assert_uint_eq(catalog_dropped_of(&x), 0);
+    wire_val_t *h = wire_hdr("EVENTS", 0);
+    wv_set(h, "events", wv_arr());
+    wv_set(h, "dropped", wv_u64(5));
+    from_worker(&x, 0, h);
+    ck_assert_uint_eq(catalog_dropped_of(&x), 5);
+    h = wire_hdr("EVENTS", 0); /* w1: not registered (told RECONNECT) */
+    wv_set(h, "events", wv_arr());
+    wv_set(h, "dropped", wv_u64(7));
+    from_worker(&x, 1, h);
+    wire_msg_t *m = take(x.w[1], false);
+    ck_assert_str_eq(m->type, "RECONNECT");
+    drop_msg(&m);
+    ck_assert_uint_eq(catalog_dropped_of(&x), 12);
+    box_close(&x);
+}
+END_TEST
+
 /* One unregistered connection flooding EVENTS keeps at most 16 messages
  * (its own oldest go first), so it cannot push out another connection's
  * kept events: w0's are recorded at its READY after w1 sent 200. (Before,
@@ -5581,6 +5623,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(cq, test_the_catalog_writer_writes_again_once_an_unreadable_catalog_is_readable_again);
     tcase_add_test(cq, test_a_workers_last_seen_follows_its_messages_at_most_once_a_minute_and_at_its_leaving);
     tcase_add_test(cq, test_events_sent_before_ready_are_recorded_once_their_connection_registers);
+    tcase_add_test(cq, test_events_a_worker_reports_lost_count_in_catalog_dropped);
     tcase_add_test(cq, test_a_flood_of_events_before_ready_cannot_push_out_another_workers);
     suite_add_tcase(s, cq);
     return s;
