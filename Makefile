@@ -196,9 +196,10 @@ $(BUILD)/tests/test_catalog: tests/test_catalog.c $(REPORT_OBJ) $(TEST_SUPPORT) 
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(TEST_SUPPORT) $(REPORT_OBJ) $(CUDA_LAZY_OBJ) $(LIB) $(CHECK_LIBS) $(BIN_LDLIBS)
 
-# The capture cache's suites drive one synthetic step (tests/synth_step.h).
+# The capture cache's suites drive one synthetic step (tests/synth_step.h);
+# the attack suites share one fixture too (tests/cache_fixture.h).
 SYNTH_STEP_TESTS = $(BUILD)/tests/test_capture_cache $(BUILD)/tests/test_capture_adversarial $(BUILD)/tests/test_cache_attack
-SYNTH_STEP = $(BUILD)/tests/synth_step.o
+SYNTH_STEP = $(BUILD)/tests/synth_step.o $(BUILD)/tests/cache_fixture.o
 $(SYNTH_STEP_TESTS): $(BUILD)/tests/%: tests/%.c $(SYNTH_STEP) $(TEST_SUPPORT) $(LIB) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(SYNTH_STEP) $(TEST_SUPPORT) $(CUDA_LAZY_OBJ) $(LIB) $(CHECK_LIBS) $(BIN_LDLIBS)

@@ -35,6 +35,7 @@
 #include "kernels/backend_impl.h" /* kern_stream_launch: the gate kernel */
 #include "model/tdit_program.h"
 #include "model/tinydit.h"
+#include "tests/cache_fixture.h"
 #include "tests/support.h"
 #include "tests/synth_step.h"
 
@@ -137,41 +138,6 @@ static float *WA;
 static user_t U;
 static uint64_t rng;
 
-typedef struct {
-    cap_event_kind_t kind;
-    int reason;
-    uint64_t hash;
-    bool graph;
-    size_t bytes;
-} rec_t;
-#define MAX_REC 4096
-static rec_t recs[MAX_REC];
-static int n_recs;
-static pthread_mutex_t rec_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static void on_event(void *user, const cap_event_t *ev) {
-    (void)user;
-    pthread_mutex_lock(&rec_mu);
-    if (n_recs < MAX_REC) recs[n_recs++] = (rec_t){ ev->kind, ev->reason, ev->key_hash, ev->graph, ev->bytes };
-    pthread_mutex_unlock(&rec_mu);
-}
-
-static void on_log(void *user, int level, const char *msg) {
-    (void)user;
-    (void)level;
-    (void)msg;
-}
-
-/* Events of kind (and reason, < 0: any) recorded so far. */
-static int count_recs(cap_event_kind_t kind, int reason) {
-    int n = 0;
-    pthread_mutex_lock(&rec_mu);
-    for (int i = 0; i < n_recs; i++)
-        if (recs[i].kind == kind && (reason < 0 || recs[i].reason == reason)) n++;
-    pthread_mutex_unlock(&rec_mu);
-    return n;
-}
-
 static void fill(float *p, size_t n) { synth_fill(&rng, p, n, -1.f, 1.f); }
 
 static void user_init(user_t *u, float *w) {
@@ -180,62 +146,18 @@ static void user_init(user_t *u, float *w) {
 }
 
 static void setup(void) {
-    B = kern_backend_cpu_new();
-    ck_assert_msg(B != NULL, "cpu backend: %s", reel_err_text());
-    S = kern_stream_new(B);
-    ck_assert_msg(S != NULL, "stream: %s", reel_err_text());
+    cfx_open(&B, &S);
     C = NULL;
-    n_recs = 0;
     rng = 0xa77ac4ull;
     memset(&G, 0, sizeof G);
-    WA = kern_alloc(B, SYNTH_W * sizeof(float));
-    ck_assert_ptr_nonnull(WA);
-    fill(WA, SYNTH_W);
+    WA = cfx_weights_new(B, &rng);
     user_init(&U, WA);
 }
 
 static void teardown(void) {
     atomic_store(&G.released, true); /* a failed test never leaves a launch held */
     cap_cache_destroy(&C);
-    kern_free(B, WA);
-    kern_stream_destroy(&S);
-    ck_assert_msg(kern_bytes_in_use(B) == 0, "%zu backend bytes leaked", kern_bytes_in_use(B));
-    kern_backend_destroy(&B);
-}
-
-static cap_options_t opts(void) {
-    cap_options_t o = cap_options_default();
-    o.on_event = on_event;
-    o.log = on_log;
-    return o;
-}
-
-static cap_cache_t *new_cache(const cap_options_t *o) {
-    cap_cache_t *c = cap_cache_new(B, o);
-    ck_assert_msg(c != NULL, "cap_cache_new: %s", reel_err_text());
-    TS_OK(cap_component_register(c, "wA", WA, SYNTH_W * sizeof(float), 1));
-    return c;
-}
-
-static cap_stats_t stats(void) {
-    cap_stats_t st;
-    cap_cache_stats(C, &st);
-    return st;
-}
-
-/* captures - graph evictions is the graphs held, by the counters and by
- * the events (docs/CAPTURE.md, "Decline reasons and events"). */
-static void expect_graph_accounting(const char *what) {
-    cap_stats_t st = stats();
-    ck_assert_msg(st.captures - cap_graph_evictions(&st, -1) == st.graphs,
-                  "%s: captures %llu - graph evictions %llu != graphs held %zu", what,
-                  (unsigned long long)st.captures, (unsigned long long)cap_graph_evictions(&st, -1), st.graphs);
-    int caps = count_recs(CAP_EV_CAPTURE, -1), graph_evicts = 0;
-    pthread_mutex_lock(&rec_mu);
-    for (int i = 0; i < n_recs; i++) graph_evicts += recs[i].kind == CAP_EV_EVICT && recs[i].graph;
-    pthread_mutex_unlock(&rec_mu);
-    ck_assert_msg((size_t)(caps - graph_evicts) == st.graphs, "%s: %d CAPTURE - %d graph EVICT events != %zu graphs",
-                  what, caps, graph_evicts, st.graphs);
+    cfx_close(&B, &S, WA);
 }
 
 /* ---- calls ---------------------------------------------------------------------------- */
@@ -275,19 +197,6 @@ static cap_result_t call_on(kern_stream_t *s, req_t *r) {
 }
 static cap_result_t call(req_t *r) { return call_on(S, r); }
 
-static const char *ran_name(cap_ran_t r) {
-    return r == CAP_RAN_EAGER ? "eager" : r == CAP_RAN_CAPTURED ? "captured" : r == CAP_RAN_REPLAYED ? "replayed" : "?";
-}
-static void expect_ran(cap_result_t res, cap_ran_t want, const char *what) {
-    ck_assert_msg(res.ran == want, "%s: ran %s (reason %s), expected %s", what, ran_name(res.ran),
-                  res.ran == CAP_RAN_EAGER ? cap_reason_name(res.reason) : "-", ran_name(want));
-}
-static void expect_eager(cap_result_t res, cap_reason_t why, const char *what) {
-    ck_assert_msg(res.ran == CAP_RAN_EAGER && res.reason == why, "%s: ran %s (reason %s), expected eager (%s)", what,
-                  ran_name(res.ran), res.ran == CAP_RAN_EAGER ? cap_reason_name(res.reason) : "-",
-                  cap_reason_name(why));
-}
-
 /* r's output is bitwise the plain step on r's current inputs with weights w. */
 static void expect_bits_w(const req_t *r, const float *w, const char *what, int i) {
     float x[N], c[N], want[N];
@@ -305,8 +214,8 @@ static void warm_capture_replay_on(kern_stream_t *s, req_t *r) {
     for (int i = 0; i < 4; i++) {
         fill(r->x, N);
         cap_result_t res = call_on(s, r);
-        if (i < 2) expect_eager(res, CAP_DECLINE_WARMING_UP, "warmup");
-        else expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "warm, capture, replay");
+        if (i < 2) cfx_expect_eager(res, CAP_DECLINE_WARMING_UP, "warmup");
+        else cfx_expect_ran(res, i == 2 ? CAP_RAN_CAPTURED : CAP_RAN_REPLAYED, "warm, capture, replay");
         expect_bits(r, "warm, capture, replay", i);
     }
 }
@@ -357,8 +266,8 @@ static void release_call(pthread_t t, held_t *h) {
  * second eviction, an evict-all and a weight sync meanwhile find it
  * evicted already and count it once. */
 START_TEST(test_an_eviction_landing_mid_replay_frees_the_graph_only_after_the_replay_ends) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "attack:midreplay");
     warm_capture_replay(&r);
@@ -369,25 +278,25 @@ START_TEST(test_an_eviction_landing_mid_replay_frees_the_graph_only_after_the_re
     ck_assert_int_eq(cap_evict_key(C, &r.key, CAP_EVICT_EXPLICIT), 1);
     ck_assert_int_eq(cap_evict_key(C, &r.key, CAP_EVICT_EXPLICIT), 0);
     ck_assert_int_eq(cap_cache_evict_all(C), 0);
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.entries, 1);        /* still held by the replay */
     ck_assert_uint_eq(st.graphs, 1);
     ck_assert_uint_eq(st.evictions[CAP_EVICT_EXPLICIT], 1);
     ck_assert_uint_eq(st.evictions[CAP_EVICT_SHUTDOWN], 0);
-    ck_assert_int_eq(count_recs(CAP_EV_EVICT, CAP_EVICT_EXPLICIT), 1);
+    ck_assert_int_eq(cfx_count_recs(CAP_EV_EVICT, CAP_EVICT_EXPLICIT), 1);
     ck_assert(cap_cache_invariants(C));
     release_call(t, &h);
-    expect_ran(h.res, CAP_RAN_REPLAYED, "the held replay");
+    cfx_expect_ran(h.res, CAP_RAN_REPLAYED, "the held replay");
     expect_bits(&r, "the held replay", 0);
-    st = stats();
+    st = cfx_stats(C);
     ck_assert_uint_eq(st.entries, 0);
     ck_assert_uint_eq(st.graphs, 0);
     ck_assert_uint_eq(st.bytes_held, 0);
-    ck_assert_int_eq(count_recs(CAP_EV_EVICT, -1), 1);
-    expect_graph_accounting("evicted mid-replay");
+    ck_assert_int_eq(cfx_count_recs(CAP_EV_EVICT, -1), 1);
+    cfx_expect_graph_accounting(C, "evicted mid-replay");
     /* the key starts over */
     warm_capture_replay(&r);
-    expect_graph_accounting("after");
+    cfx_expect_graph_accounting(C, "after");
 }
 END_TEST
 
@@ -397,8 +306,8 @@ END_TEST
  * and the next call, under the new version, never replays the old graph:
  * it warms up, captures and replays against the new weights, bitwise. */
 START_TEST(test_an_evicting_sync_landing_mid_replay_never_lets_the_old_graph_serve_the_new_version) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "attack:syncreplay");
     warm_capture_replay(&r);
@@ -410,16 +319,16 @@ START_TEST(test_an_evicting_sync_landing_mid_replay_never_lets_the_old_graph_ser
     fill(r.x, N);
     hold_call(&t, &h, S, &r);
     ck_assert_int_eq(cap_component_update(C, "wA", w2, SYNTH_W * sizeof(float), 2), 1);
-    ck_assert_uint_eq(stats().evictions[CAP_EVICT_WEIGHT_SYNC], 1);
+    ck_assert_uint_eq(cfx_stats(C).evictions[CAP_EVICT_WEIGHT_SYNC], 1);
     release_call(t, &h);
-    expect_ran(h.res, CAP_RAN_REPLAYED, "the held replay");
+    cfx_expect_ran(h.res, CAP_RAN_REPLAYED, "the held replay");
     expect_bits(&r, "the held replay (old weights)", 0);
-    ck_assert_uint_eq(stats().entries, 0);
+    ck_assert_uint_eq(cfx_stats(C).entries, 0);
     U.step.w = w2;
     ck_assert_int_eq(cap_key_set_version(&r.key, "wA", 2), 0);
     warm_capture_replay(&r);
-    ck_assert_uint_eq(stats().captures, 2);
-    expect_graph_accounting("sync mid-replay");
+    ck_assert_uint_eq(cfx_stats(C).captures, 2);
+    cfx_expect_graph_accounting(C, "sync mid-replay");
     cap_cache_destroy(&C);
     kern_free(B, w2);
 }
@@ -451,8 +360,8 @@ static void sync_during_capture(user_t *u) {
  * must verify again on its next call -- under its new key -- before it
  * replays; every result is the step's on the weights its call ran on. */
 START_TEST(test_an_inplace_sync_landing_mid_capture_makes_the_next_call_reverify_before_any_replay) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "attack:synccapture");
     for (int i = 0; i < 2; i++) call(&r);
@@ -464,24 +373,24 @@ START_TEST(test_an_inplace_sync_landing_mid_capture_makes_the_next_call_reverify
     cap_result_t res = call(&r);
     ck_assert_int_eq(g_sync_rc, 1);
     ck_assert_int_eq(U.capturing_launches, 1);
-    expect_ran(res, CAP_RAN_CAPTURED, "the capturing call");
+    cfx_expect_ran(res, CAP_RAN_CAPTURED, "the capturing call");
     expect_bits(&r, "the capturing call", 0);
     /* the new weights, in place, as the sync said */
     fill(WA, SYNTH_W);
     ck_assert_int_eq(cap_key_set_version(&r.key, "wA", 2), 0);
-    uint64_t reverifies = stats().reverifies;
+    uint64_t reverifies = cfx_stats(C).reverifies;
     fill(r.x, N);
     res = call(&r);
     expect_bits(&r, "first call after the sync", 0);
-    ck_assert_msg(stats().reverifies == reverifies + 1,
+    ck_assert_msg(cfx_stats(C).reverifies == reverifies + 1,
                   "a graph captured across an in-place sync served a call without verifying again");
-    expect_ran(res, CAP_RAN_REPLAYED, "the re-verified call");
+    cfx_expect_ran(res, CAP_RAN_REPLAYED, "the re-verified call");
     for (int i = 0; i < 4; i++) {
         fill(r.x, N);
         call(&r);
         expect_bits(&r, "after the sync", i);
     }
-    expect_graph_accounting("inplace sync mid-capture");
+    cfx_expect_graph_accounting(C, "inplace sync mid-capture");
 }
 END_TEST
 
@@ -489,8 +398,8 @@ END_TEST
  * never published (no CAPTURE event), the call serves its eager result,
  * and the key under the new version starts over. */
 START_TEST(test_an_evicting_sync_landing_mid_capture_publishes_nothing) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "attack:evictcapture");
     for (int i = 0; i < 2; i++) call(&r);
@@ -501,16 +410,16 @@ START_TEST(test_an_evicting_sync_landing_mid_capture_publishes_nothing) {
     fill(r.x, N);
     cap_result_t res = call(&r);
     ck_assert_int_eq(g_sync_rc, 1);
-    expect_eager(res, CAP_DECLINE_WEIGHTS_MOVED, "the capturing call");
+    cfx_expect_eager(res, CAP_DECLINE_WEIGHTS_MOVED, "the capturing call");
     expect_bits(&r, "the capturing call", 0);
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.captures, 0);
     ck_assert_uint_eq(st.entries, 0);
-    ck_assert_int_eq(count_recs(CAP_EV_CAPTURE, -1), 0);
+    ck_assert_int_eq(cfx_count_recs(CAP_EV_CAPTURE, -1), 0);
     ck_assert_uint_eq(st.graphless_evictions[CAP_EVICT_WEIGHT_SYNC], 1);
     ck_assert_int_eq(cap_key_set_version(&r.key, "wA", 2), 0);
     warm_capture_replay(&r);
-    expect_graph_accounting("evicting sync mid-capture");
+    cfx_expect_graph_accounting(C, "evicting sync mid-capture");
 }
 END_TEST
 
@@ -521,8 +430,8 @@ END_TEST
  * memory through the NULL (UBSan: no arithmetic on it), and the key's
  * next good call is served bitwise. */
 START_TEST(test_an_output_without_data_is_refused_with_a_message_and_the_key_still_serves) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "attack:nulloutput");
     for (int i = 0; i < 2; i++) call(&r);
@@ -540,7 +449,7 @@ START_TEST(test_an_output_without_data_is_refused_with_a_message_and_the_key_sti
     r.out_t.data = NULL;
     ck_assert_int_ne(req_try_on(S, &r, &res), 0); /* a replaying call too */
     r.out_t = good;
-    expect_graph_accounting("null output");
+    cfx_expect_graph_accounting(C, "null output");
 }
 END_TEST
 
@@ -549,8 +458,8 @@ END_TEST
  * pinned_input_moved and reads the new buffer, never the old address; the
  * key then serves every call bitwise. */
 START_TEST(test_a_pinned_input_of_another_shape_or_buffer_never_reaches_the_graph) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "attack:pinshape");
     warm_capture_replay(&r);
@@ -566,7 +475,7 @@ START_TEST(test_a_pinned_input_of_another_shape_or_buffer_never_reaches_the_grap
     memcpy(other, r.ctx, sizeof other);
     other[5] += 1.0f;
     r.in[1] = synth_host_tensor(other, ROWS, COLS);
-    expect_eager(call(&r), CAP_DECLINE_PINNED_INPUT_MOVED, "context in another buffer");
+    cfx_expect_eager(call(&r), CAP_DECLINE_PINNED_INPUT_MOVED, "context in another buffer");
     expect_bits(&r, "context in another buffer", 0);
     for (int i = 0; i < 4; i++) {
         fill(other, N);
@@ -574,7 +483,7 @@ START_TEST(test_a_pinned_input_of_another_shape_or_buffer_never_reaches_the_grap
         call(&r);
         expect_bits(&r, "context in its new buffer", i);
     }
-    expect_graph_accounting("pinned input shape and buffer");
+    cfx_expect_graph_accounting(C, "pinned input shape and buffer");
 }
 END_TEST
 
@@ -582,16 +491,16 @@ END_TEST
 
 /* One entry's bytes and one graph's, measured on a scratch cache. */
 static void probe_sizes(size_t *entry, size_t *graph) {
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.on_event = NULL;
     cap_cache_t *saved = C;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     user_t pu;
     user_init(&pu, WA);
     req_init(&r, &pu, "attack:probe");
     warm_capture_replay(&r);
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     *entry = st.ws_bytes;
     *graph = st.graph_bytes;
     cap_cache_destroy(&C);
@@ -603,24 +512,24 @@ static void probe_sizes(size_t *entry, size_t *graph) {
 /* A budget of one byte: every call runs transient (budget_exceeded),
  * bitwise, nothing is held, no capture or eviction is ever told. */
 START_TEST(test_a_one_byte_budget_serves_every_call_transient_and_holds_nothing) {
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.budget_bytes = 1;
     o.warmup = 0;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "attack:onebyte");
     size_t base = kern_bytes_in_use(B);
     for (int i = 0; i < 5; i++) {
         fill(r.x, N);
-        expect_eager(call(&r), CAP_DECLINE_BUDGET_EXCEEDED, "one byte");
+        cfx_expect_eager(call(&r), CAP_DECLINE_BUDGET_EXCEEDED, "one byte");
         expect_bits(&r, "one byte", i);
         ck_assert_uint_eq(kern_bytes_in_use(B), base);
     }
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.entries + st.graphs + st.bytes_held, 0);
     ck_assert_uint_eq(st.declines[CAP_DECLINE_BUDGET_EXCEEDED], 5);
-    ck_assert_int_eq(count_recs(CAP_EV_CAPTURE, -1) + count_recs(CAP_EV_EVICT, -1), 0);
-    ck_assert_int_eq(count_recs(CAP_EV_DECLINE, CAP_DECLINE_BUDGET_EXCEEDED), 5);
+    ck_assert_int_eq(cfx_count_recs(CAP_EV_CAPTURE, -1) + cfx_count_recs(CAP_EV_EVICT, -1), 0);
+    ck_assert_int_eq(cfx_count_recs(CAP_EV_DECLINE, CAP_DECLINE_BUDGET_EXCEEDED), 5);
 }
 END_TEST
 
@@ -632,28 +541,28 @@ END_TEST
 START_TEST(test_a_graph_that_cannot_fit_beside_others_evicts_only_what_makes_it_fit) {
     size_t ent, g;
     probe_sizes(&ent, &g);
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.budget_bytes = 2 * ent + g;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     static req_t a, b;
     req_init(&a, &U, "attack:fit-a");
     req_init(&b, &U, "attack:fit-b");
     warm_capture_replay(&a);
     for (int i = 0; i < 2; i++) call(&b); /* warm b beside a's graph */
-    ck_assert_uint_eq(stats().entries, 2);
+    ck_assert_uint_eq(cfx_stats(C).entries, 2);
     fill(b.x, N);
-    expect_ran(call(&b), CAP_RAN_CAPTURED, "b captures by evicting a");
+    cfx_expect_ran(call(&b), CAP_RAN_CAPTURED, "b captures by evicting a");
     expect_bits(&b, "b", 0);
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.evictions[CAP_EVICT_LRU], 1);
     ck_assert_uint_le(st.bytes_held, o.budget_bytes);
     ck_assert_uint_eq(st.graphs, 1);
-    pthread_mutex_lock(&rec_mu);
-    for (int i = 0; i < n_recs; i++)
-        if (recs[i].kind == CAP_EV_EVICT)
-            ck_assert_msg(recs[i].hash == cap_key_hash(&a.key) && recs[i].graph, "the eviction was not a's graph");
-    pthread_mutex_unlock(&rec_mu);
-    expect_graph_accounting("fit");
+    for (int i = 0; i < cfx_n_recs(); i++) {
+        cfx_rec_t e = cfx_rec(i);
+        if (e.kind == CAP_EV_EVICT)
+            ck_assert_msg(e.hash == cap_key_hash(&a.key) && e.graph, "the eviction was not a's graph");
+    }
+    cfx_expect_graph_accounting(C, "fit");
     /* a starts over beside b's graph, and b keeps replaying meanwhile */
     for (int i = 0; i < 6; i++) {
         fill(a.x, N);
@@ -662,9 +571,9 @@ START_TEST(test_a_graph_that_cannot_fit_beside_others_evicts_only_what_makes_it_
         fill(b.x, N);
         call(&b);
         expect_bits(&b, "b beside a", i);
-        ck_assert_uint_le(stats().bytes_held, o.budget_bytes);
+        ck_assert_uint_le(cfx_stats(C).bytes_held, o.budget_bytes);
     }
-    expect_graph_accounting("fit, both keys");
+    cfx_expect_graph_accounting(C, "fit, both keys");
 }
 END_TEST
 
@@ -693,9 +602,9 @@ static const cap_program_t HUGE_PROG = {
  * -- the byte count is never added past SIZE_MAX into a small sum that
  * seems to fit both. Every call is the step's, bitwise. */
 START_TEST(test_two_entries_whose_bytes_overflow_size_t_never_share_a_size_max_budget) {
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.budget_bytes = SIZE_MAX;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     g_huge_ws = SIZE_MAX / 2 + 1;
     static req_t a, b;
     req_init(&a, &U, "attack:huge-a");
@@ -706,7 +615,7 @@ START_TEST(test_two_entries_whose_bytes_overflow_size_t_never_share_a_size_max_b
         fill(r->x, N);
         call(r);
         expect_bits(r, "huge workspaces taking turns", i);
-        cap_stats_t st = stats();
+        cap_stats_t st = cfx_stats(C);
         ck_assert_msg(st.entries == 1 && st.bytes_held >= g_huge_ws,
                       "call %d: %zu entries holding %zu bytes: the count wrapped past SIZE_MAX", i, st.entries,
                       st.bytes_held);
@@ -721,8 +630,8 @@ END_TEST
  * budget_exceeded and served in a transient workspace, never counted
  * modulo 2^64; the first keeps its entry and captures. */
 START_TEST(test_without_a_budget_an_entry_whose_bytes_the_count_cannot_hold_declines_budget_exceeded) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     g_huge_ws = SIZE_MAX / 2 + 1;
     static req_t a, b;
     req_init(&a, &U, "attack:nobudget-a");
@@ -731,16 +640,16 @@ START_TEST(test_without_a_budget_an_entry_whose_bytes_the_count_cannot_hold_decl
     warm_capture_replay(&a);
     for (int i = 0; i < 3; i++) {
         fill(b.x, N);
-        expect_eager(call(&b), CAP_DECLINE_BUDGET_EXCEEDED, "the second huge entry");
+        cfx_expect_eager(call(&b), CAP_DECLINE_BUDGET_EXCEEDED, "the second huge entry");
         expect_bits(&b, "the second huge entry", i);
-        cap_stats_t st = stats();
+        cap_stats_t st = cfx_stats(C);
         ck_assert_uint_eq(st.entries, 1);
         ck_assert_uint_ge(st.bytes_held, g_huge_ws);
     }
     fill(a.x, N);
-    expect_ran(call(&a), CAP_RAN_REPLAYED, "the first huge entry after the declines");
+    cfx_expect_ran(call(&a), CAP_RAN_REPLAYED, "the first huge entry after the declines");
     expect_bits(&a, "the first huge entry after the declines", 0);
-    ck_assert_uint_eq(stats().evictions[CAP_EVICT_LRU], 0);
+    ck_assert_uint_eq(cfx_stats(C).evictions[CAP_EVICT_LRU], 0);
 }
 END_TEST
 
@@ -750,9 +659,9 @@ END_TEST
  * SIZE_MAX to less than the budget; the call must decline
  * budget_exceeded (a transient workspace), not be admitted. */
 START_TEST(test_a_need_that_wraps_past_size_max_beside_a_busy_entry_declines_budget_exceeded) {
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.budget_bytes = SIZE_MAX;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     kern_stream_t *s2 = kern_stream_new(B);
     ck_assert_ptr_nonnull(s2);
     static req_t a, b;
@@ -760,7 +669,7 @@ START_TEST(test_a_need_that_wraps_past_size_max_beside_a_busy_entry_declines_bud
     req_init(&b, &U, "attack:busy-b");
     b.prog = &HUGE_PROG;
     warm_capture_replay(&a);
-    const size_t held = stats().bytes_held;
+    const size_t held = cfx_stats(C).bytes_held;
     ck_assert_uint_ge(held, 2 * 2 * sizeof b.x); /* b's own copy of its inputs must not saturate the sum */
     g_huge_ws = SIZE_MAX - held / 2;
     pthread_t t;
@@ -769,16 +678,16 @@ START_TEST(test_a_need_that_wraps_past_size_max_beside_a_busy_entry_declines_bud
     hold_call(&t, &h, S, &a);
     for (int i = 0; i < 2; i++) {
         fill(b.x, N);
-        expect_eager(call_on(s2, &b), CAP_DECLINE_BUDGET_EXCEEDED, "a need past SIZE_MAX beside a busy entry");
+        cfx_expect_eager(call_on(s2, &b), CAP_DECLINE_BUDGET_EXCEEDED, "a need past SIZE_MAX beside a busy entry");
         expect_bits(&b, "a need past SIZE_MAX beside a busy entry", i);
-        cap_stats_t st = stats();
+        cap_stats_t st = cfx_stats(C);
         ck_assert_uint_eq(st.entries, 1);
         ck_assert_uint_eq(st.bytes_held, held);
     }
     release_call(t, &h);
-    expect_ran(h.res, CAP_RAN_REPLAYED, "the held replay");
+    cfx_expect_ran(h.res, CAP_RAN_REPLAYED, "the held replay");
     expect_bits(&a, "the held replay", 0);
-    ck_assert_uint_eq(stats().evictions[CAP_EVICT_LRU], 0);
+    ck_assert_uint_eq(cfx_stats(C).evictions[CAP_EVICT_LRU], 0);
     cap_cache_destroy(&C);
     kern_stream_destroy(&s2);
 }
@@ -1008,8 +917,8 @@ static const cap_program_t MV_PROG = {
  * (cache.h: "weights freed, moved or re-laid-out"), never the old
  * layout's product. */
 START_TEST(test_a_weight_re_laid_out_at_the_same_address_declines_weights_moved_never_replays_the_old_layout) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     mv_user_t u;
     int64_t wshape[2] = { MV, MV };
     u.w = kern_tensor_alloc(B, KERN_F32, 2, wshape);
@@ -1043,11 +952,11 @@ START_TEST(test_a_weight_re_laid_out_at_the_same_address_declines_weights_moved_
         mv_args_t a = { kern_tensor_ptr(&u.w), x, want, MV, MV, u.w.stride[0], u.w.stride[1] };
         ck_assert_int_eq(mv_kernel(NULL, &a), 0);
         ck_assert_msg(synth_first_diff(y, want, MV) < 0, "call %d (ran %s): y is not W·x for W as it is laid out now",
-                      i, ran_name(res.ran));
-        if (i == 4) expect_eager(res, CAP_DECLINE_WEIGHTS_MOVED, "the first call after the re-layout");
+                      i, cfx_ran_name(res.ran));
+        if (i == 4) cfx_expect_eager(res, CAP_DECLINE_WEIGHTS_MOVED, "the first call after the re-layout");
     }
-    ck_assert_uint_eq(stats().captures, 2); /* again, on the new layout */
-    expect_graph_accounting("re-laid-out weight");
+    ck_assert_uint_eq(cfx_stats(C).captures, 2); /* again, on the new layout */
+    cfx_expect_graph_accounting(C, "re-laid-out weight");
     cap_cache_destroy(&C);
     kern_free(B, u.w.data);
 }
@@ -1059,15 +968,13 @@ END_TEST
  * key hash h_graph; none when h_graph is 0), the others of key h_none. */
 static void expect_stream_gone(int n, uint64_t h_graph, uint64_t h_none, const char *what) {
     int got = 0, graphs = 0;
-    pthread_mutex_lock(&rec_mu);
-    for (int i = 0; i < n_recs; i++) {
-        if (recs[i].kind != CAP_EV_EVICT || recs[i].reason != CAP_EVICT_STREAM_GONE) continue;
+    for (int i = 0; i < cfx_n_recs(); i++) {
+        cfx_rec_t e = cfx_rec(i);
+        if (e.kind != CAP_EV_EVICT || e.reason != CAP_EVICT_STREAM_GONE) continue;
         got++;
-        graphs += recs[i].graph;
-        ck_assert_msg(recs[i].hash == (recs[i].graph ? h_graph : h_none), "%s: a stream_gone eviction of another key",
-                      what);
+        graphs += e.graph;
+        ck_assert_msg(e.hash == (e.graph ? h_graph : h_none), "%s: a stream_gone eviction of another key", what);
     }
-    pthread_mutex_unlock(&rec_mu);
     ck_assert_msg(got == n, "%s: %d stream_gone evictions, expected %d", what, got, n);
     ck_assert_msg(graphs == (h_graph ? 1 : 0), "%s: %d of them told a graph", what, graphs);
 }
@@ -1080,8 +987,8 @@ static void expect_stream_gone(int n, uint64_t h_graph, uint64_t h_none, const c
  * often gives it -- is a new stream to the cache: its keys warm up and
  * capture on it, never finding the dead stream's entries. */
 START_TEST(test_a_forgotten_stream_can_be_destroyed_and_a_stream_made_after_it_starts_afresh) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     kern_stream_t *s2 = kern_stream_new(B);
     ck_assert_ptr_nonnull(s2);
     static req_t a, b, w;
@@ -1090,38 +997,38 @@ START_TEST(test_a_forgotten_stream_can_be_destroyed_and_a_stream_made_after_it_s
     req_init(&w, &U, "attack:gone-warming");
     warm_capture_replay(&a);
     warm_capture_replay_on(s2, &b);
-    for (int i = 0; i < 2; i++) expect_eager(call_on(s2, &w), CAP_DECLINE_WARMING_UP, "w on s2");
+    for (int i = 0; i < 2; i++) cfx_expect_eager(call_on(s2, &w), CAP_DECLINE_WARMING_UP, "w on s2");
     ck_assert_int_eq(cap_forget_stream(C, s2), 2);
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.entries, 1);
     ck_assert_uint_eq(st.graphs, 1);
     ck_assert_uint_eq(st.evictions[CAP_EVICT_STREAM_GONE], 2);
     ck_assert_uint_eq(st.graphless_evictions[CAP_EVICT_STREAM_GONE], 1);
     expect_stream_gone(2, cap_key_hash(&b.key), cap_key_hash(&w.key), "forget s2");
-    expect_graph_accounting("forget s2");
+    cfx_expect_graph_accounting(C, "forget s2");
     ck_assert_str_eq(cap_evict_reason_name(CAP_EVICT_STREAM_GONE), "stream_gone");
     ck_assert_int_eq(cap_forget_stream(C, s2), 0); /* forgotten already */
     kern_stream_destroy(&s2);
     fill(a.x, N);
-    expect_ran(call(&a), CAP_RAN_REPLAYED, "the other stream's graph");
+    cfx_expect_ran(call(&a), CAP_RAN_REPLAYED, "the other stream's graph");
     expect_bits(&a, "the other stream's graph", 0);
     kern_stream_t *s3 = kern_stream_new(B);
     ck_assert_ptr_nonnull(s3);
     ck_assert_int_eq(cap_forget_stream(C, s3), 0); /* never seen */
     for (int i = 0; i < 2; i++) {
         fill(w.x, N);
-        expect_eager(call_on(s3, &w), CAP_DECLINE_WARMING_UP, "w on the new stream");
+        cfx_expect_eager(call_on(s3, &w), CAP_DECLINE_WARMING_UP, "w on the new stream");
         expect_bits(&w, "w on the new stream", i);
     }
     fill(w.x, N);
-    expect_ran(call_on(s3, &w), CAP_RAN_CAPTURED, "w's third call on the new stream");
+    cfx_expect_ran(call_on(s3, &w), CAP_RAN_CAPTURED, "w's third call on the new stream");
     expect_bits(&w, "w's third call on the new stream", 0);
     warm_capture_replay_on(s3, &b);
     ck_assert(cap_cache_invariants(C));
-    expect_graph_accounting("the new stream");
+    cfx_expect_graph_accounting(C, "the new stream");
     ck_assert_int_eq(cap_forget_stream(C, s3), 2);
     kern_stream_destroy(&s3);
-    ck_assert_uint_eq(stats().entries, 1);
+    ck_assert_uint_eq(cfx_stats(C).entries, 1);
 }
 END_TEST
 
@@ -1131,18 +1038,18 @@ END_TEST
  * captures again; the old graph, baked for the stream as it was, never
  * replays. */
 START_TEST(test_a_stream_used_again_after_it_was_forgotten_never_replays_its_old_graph) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     kern_stream_t *s2 = kern_stream_new(B);
     ck_assert_ptr_nonnull(s2);
     static req_t b;
     req_init(&b, &U, "attack:again");
     warm_capture_replay_on(s2, &b);
     ck_assert_int_eq(cap_forget_stream(C, s2), 1);
-    ck_assert_uint_eq(stats().bytes_held, 0);
+    ck_assert_uint_eq(cfx_stats(C).bytes_held, 0);
     warm_capture_replay_on(s2, &b); /* warming_up twice, then a capture: never the old graph */
-    ck_assert_uint_eq(stats().captures, 2);
-    expect_graph_accounting("used again");
+    ck_assert_uint_eq(cfx_stats(C).captures, 2);
+    cfx_expect_graph_accounting(C, "used again");
     cap_cache_destroy(&C);
     kern_stream_destroy(&s2);
 }
@@ -1166,8 +1073,8 @@ static void *forget_main(void *arg) {
  * entry of a stream given up), its result the step's; then the entry goes
  * (stream_gone, a graph) and the stream can be destroyed. */
 START_TEST(test_forgetting_a_stream_waits_for_a_replay_held_on_it) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     kern_stream_t *s2 = kern_stream_new(B);
     ck_assert_ptr_nonnull(s2);
     static req_t b;
@@ -1185,12 +1092,12 @@ START_TEST(test_forgetting_a_stream_waits_for_a_replay_held_on_it) {
     release_call(t, &h);
     pthread_join(f, NULL);
     ck_assert_int_eq(g_forget_rc, 1);
-    expect_ran(h.res, CAP_RAN_REPLAYED, "the held replay");
+    cfx_expect_ran(h.res, CAP_RAN_REPLAYED, "the held replay");
     expect_bits(&b, "the held replay", 0);
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.entries + st.graphs + st.bytes_held, 0);
     expect_stream_gone(1, cap_key_hash(&b.key), 0, "forget held");
-    expect_graph_accounting("forget held");
+    cfx_expect_graph_accounting(C, "forget held");
     kern_stream_destroy(&s2);
 }
 END_TEST
@@ -1200,8 +1107,8 @@ END_TEST
  * stream, or for another while holding one). The stream it named keeps
  * its graph. */
 START_TEST(test_forget_stream_refuses_a_null_cache_or_stream_and_a_call_from_a_launch) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     kern_stream_t *s2 = kern_stream_new(B);
     ck_assert_ptr_nonnull(s2);
     reel_err_clear();
@@ -1222,9 +1129,9 @@ START_TEST(test_forget_stream_refuses_a_null_cache_or_stream_and_a_call_from_a_l
         ck_assert_msg(U.forget_rc == -1 && strstr(U.forget_err, "from a dispatch"), "forget from a launch: %d (%s)",
                       U.forget_rc, U.forget_err);
     }
-    ck_assert_uint_eq(stats().evictions[CAP_EVICT_STREAM_GONE], 0);
+    ck_assert_uint_eq(cfx_stats(C).evictions[CAP_EVICT_STREAM_GONE], 0);
     fill(b.x, N);
-    expect_ran(call_on(s2, &b), CAP_RAN_REPLAYED, "s2's graph after the refusals");
+    cfx_expect_ran(call_on(s2, &b), CAP_RAN_REPLAYED, "s2's graph after the refusals");
     expect_bits(&b, "s2's graph after the refusals", 0);
     cap_cache_destroy(&C);
     kern_stream_destroy(&s2);

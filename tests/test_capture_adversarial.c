@@ -31,6 +31,7 @@
 #include "capture_cache/key.h"
 #include "kernels/backend.h"
 #include "kernels/backend_impl.h" /* kern_stream_launch: the fault kernel */
+#include "tests/cache_fixture.h"
 #include "tests/support.h"
 #include "tests/synth_step.h"
 
@@ -141,44 +142,6 @@ static float *WA;
 static user_t U;
 static uint64_t rng;
 
-typedef struct {
-    cap_event_kind_t kind;
-    int reason;
-    uint64_t hash;
-    bool graph;
-    size_t bytes;
-} rec_t;
-#define MAX_REC 8192
-static rec_t recs[MAX_REC];
-static int n_recs, recs_lost;
-static pthread_mutex_t rec_mu = PTHREAD_MUTEX_INITIALIZER;
-/* Called by on_event after recording (a test's re-entrant callback). */
-static void (*g_event_hook)(const cap_event_t *ev);
-
-static void on_event(void *user, const cap_event_t *ev) {
-    (void)user;
-    pthread_mutex_lock(&rec_mu);
-    if (n_recs < MAX_REC) recs[n_recs++] = (rec_t){ ev->kind, ev->reason, ev->key_hash, ev->graph, ev->bytes };
-    else recs_lost++;
-    pthread_mutex_unlock(&rec_mu);
-    if (g_event_hook) g_event_hook(ev);
-}
-
-static void on_log(void *user, int level, const char *msg) {
-    (void)user;
-    (void)level;
-    (void)msg;
-}
-
-static int count_recs(cap_event_kind_t kind, int reason) {
-    int n = 0;
-    pthread_mutex_lock(&rec_mu);
-    for (int i = 0; i < n_recs; i++)
-        if (recs[i].kind == kind && (reason < 0 || recs[i].reason == reason)) n++;
-    pthread_mutex_unlock(&rec_mu);
-    return n;
-}
-
 /* Uniform in [-1, 1): every value this suite draws. */
 static void fill_st(uint64_t *st, float *p, size_t n) { synth_fill(st, p, n, -1.f, 1.f); }
 static void fill(float *p, size_t n) { fill_st(&rng, p, n); }
@@ -195,79 +158,18 @@ static kern_stream_t *extra_stream(void) {
 }
 
 static void setup(void) {
-    B = kern_backend_cpu_new();
-    ck_assert_msg(B != NULL, "cpu backend: %s", reel_err_text());
-    S = kern_stream_new(B);
-    ck_assert_msg(S != NULL, "stream: %s", reel_err_text());
+    cfx_open(&B, &S);
     memset(XS, 0, sizeof XS);
     C = NULL;
-    g_event_hook = NULL;
-    n_recs = recs_lost = 0;
     rng = 0xad5e75a1ull;
-    WA = kern_alloc(B, SYNTH_W * sizeof(float));
-    ck_assert_ptr_nonnull(WA);
-    fill(WA, SYNTH_W);
+    WA = cfx_weights_new(B, &rng);
     user_init(&U, WA);
 }
 
 static void teardown(void) {
     cap_cache_destroy(&C);
-    kern_free(B, WA);
     for (int i = 0; i < MAX_STREAMS; i++) kern_stream_destroy(&XS[i]);
-    kern_stream_destroy(&S);
-    ck_assert_msg(kern_bytes_in_use(B) == 0, "%zu backend bytes leaked", kern_bytes_in_use(B));
-    kern_backend_destroy(&B);
-}
-
-static cap_options_t opts(void) {
-    cap_options_t o = cap_options_default();
-    o.on_event = on_event;
-    o.log = on_log;
-    return o;
-}
-
-static cap_cache_t *new_cache(const cap_options_t *o) {
-    cap_cache_t *c = cap_cache_new(B, o);
-    ck_assert_msg(c != NULL, "cap_cache_new: %s", reel_err_text());
-    TS_OK(cap_component_register(c, "wA", WA, SYNTH_W * sizeof(float), 1));
-    return c;
-}
-
-static cap_stats_t stats(void) {
-    cap_stats_t st;
-    cap_cache_stats(C, &st);
-    return st;
-}
-
-/* captures - graph evictions is the graphs held (docs/CAPTURE.md, "Decline
- * reasons and events"), by the counters and by the events alike. */
-static void expect_graph_accounting(const char *what) {
-    cap_stats_t st = stats();
-    ck_assert_msg(st.captures - cap_graph_evictions(&st, -1) == st.graphs,
-                  "%s: captures %llu - graph evictions %llu != graphs held %zu", what,
-                  (unsigned long long)st.captures, (unsigned long long)cap_graph_evictions(&st, -1), st.graphs);
-    if (recs_lost) return;
-    int caps = count_recs(CAP_EV_CAPTURE, -1), graph_evicts = 0, graphless = 0, evicts = 0;
-    pthread_mutex_lock(&rec_mu);
-    for (int i = 0; i < n_recs; i++)
-        if (recs[i].kind == CAP_EV_EVICT) {
-            evicts++;
-            if (recs[i].graph) graph_evicts++;
-            else graphless++;
-        }
-    pthread_mutex_unlock(&rec_mu);
-    uint64_t ev_total = 0, gl_total = 0;
-    for (int r = 0; r < CAP_EVICT_COUNT; r++) {
-        ev_total += st.evictions[r];
-        gl_total += st.graphless_evictions[r];
-    }
-    ck_assert_msg((uint64_t)caps == st.captures, "%s: %d CAPTURE events, %llu captures counted", what, caps,
-                  (unsigned long long)st.captures);
-    ck_assert_msg((uint64_t)evicts == ev_total && (uint64_t)graphless == gl_total,
-                  "%s: %d EVICT events (%d graphless), counters say %llu (%llu graphless)", what, evicts, graphless,
-                  (unsigned long long)ev_total, (unsigned long long)gl_total);
-    ck_assert_msg((size_t)(caps - graph_evicts) == st.graphs, "%s: %d CAPTURE - %d graph EVICT events != %zu graphs",
-                  what, caps, graph_evicts, st.graphs);
+    cfx_close(&B, &S, WA);
 }
 
 /* ---- keys and calls ----------------------------------------------------------- */
@@ -322,21 +224,9 @@ static cap_result_t call_on(kern_stream_t *s, req_t *r) {
 }
 static cap_result_t call(req_t *r) { return call_on(S, r); }
 
-static const char *ran_name(cap_ran_t r) {
-    return r == CAP_RAN_EAGER ? "eager" : r == CAP_RAN_CAPTURED ? "captured" : r == CAP_RAN_REPLAYED ? "replayed" : "?";
-}
-static void expect_ran_(cap_result_t res, cap_ran_t want, const char *what) {
-    ck_assert_msg(res.ran == want, "%s: ran %s (reason %s), expected %s", what, ran_name(res.ran),
-                  res.ran == CAP_RAN_EAGER ? cap_reason_name(res.reason) : "-", ran_name(want));
-}
-static void expect_eager_(cap_result_t res, cap_reason_t why, const char *what) {
-    ck_assert_msg(res.ran == CAP_RAN_EAGER && res.reason == why, "%s: ran %s (reason %s), expected eager (%s)", what,
-                  ran_name(res.ran), res.ran == CAP_RAN_EAGER ? cap_reason_name(res.reason) : "-",
-                  cap_reason_name(why));
-}
 /* Each evaluates its call once. */
-#define EXPECT_RAN(res, want, what) expect_ran_((res), (want), (what))
-#define EXPECT_EAGER(res, why, what) expect_eager_((res), (why), (what))
+#define EXPECT_RAN(res, want, what) cfx_expect_ran((res), (want), (what))
+#define EXPECT_EAGER(res, why, what) cfx_expect_eager((res), (why), (what))
 
 /* The pure eager result of the step on (x, ctx) with weights w, run on
  * stream s: synth_reference (the plain step outside any cache, none of this
@@ -409,16 +299,16 @@ static void req_one_const(req_t *r, const char *name, cap_const_type_t type) {
 
 /* One entry's bytes and one graph's, measured on a scratch cache. */
 static void probe_sizes(int64_t rows, int64_t cols, size_t *entry, size_t *graph) {
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.on_event = NULL;
     cap_cache_t *saved = C;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     req_t *r = malloc(sizeof *r);
     user_t pu;
     user_init(&pu, WA);
     req_init(r, &pu, "adv:probe", rows, cols);
     warm_capture_replay(r);
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     *entry = st.ws_bytes;
     *graph = st.graph_bytes;
     cap_cache_destroy(&C);
@@ -435,8 +325,8 @@ static void probe_sizes(int64_t rows, int64_t cols, size_t *entry, size_t *graph
  * whose bytes would fit (same byte size, other dtype or dims) must never be
  * reinterpreted, and the graph must survive for the right calls. */
 START_TEST(test_input_whose_dtype_shape_or_rank_changed_under_its_key_is_refused_never_reinterpreted) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "adv:shape", 8, 8);
     warm_capture_replay(&r);
@@ -458,21 +348,21 @@ START_TEST(test_input_whose_dtype_shape_or_rank_changed_under_its_key_is_refused
             r.in[which] = keep;
             ck_assert_msg(r.out[0] != r.out[0], "a refused call wrote its output"); /* still the NaN fill */
         }
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.declines[CAP_DECLINE_SHAPE_MISMATCH], 10);
     ck_assert_uint_eq(st.entries, 1);
     ck_assert_uint_eq(st.captures, 1);
     /* The graph is intact for the calls its key declares. */
     replays_give_eager_bits(&r, 3, "after the refusals");
-    expect_graph_accounting("shape refusals");
+    cfx_expect_graph_accounting(C, "shape refusals");
 }
 END_TEST
 
 /* A copied input may come with any strides on the host (transposed,
  * reversed, broadcast): the graph replays its values, never its layout. */
 START_TEST(test_copied_input_with_changing_strides_replays_its_values_not_its_layout) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     static float big[4 * 64 * 64];
     req_init(&r, &U, "adv:strides", 8, 8);
@@ -496,7 +386,7 @@ START_TEST(test_copied_input_with_changing_strides_replays_its_values_not_its_la
         expect_eager_bits(&r, "strided latent", v);
     }
     r.in[0] = plain;
-    expect_graph_accounting("strides");
+    cfx_expect_graph_accounting(C, "strides");
 }
 END_TEST
 
@@ -507,12 +397,12 @@ END_TEST
  * eager run of those contents gives); a view of the same address that is
  * not the pinned layout (offset, strides) is never read as the old one. */
 START_TEST(test_pinned_buffer_refilled_at_the_same_address_replays_the_new_contents) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "adv:pinreuse", 8, 8);
     warm_capture_replay(&r);
-    ck_assert_uint_gt(stats().bind_bytes_pinned, 0); /* context is read in place */
+    ck_assert_uint_gt(cfx_stats(C).bind_bytes_pinned, 0); /* context is read in place */
     /* "free" and "reallocate" at the same address: new contents, incl. values the old ones never had */
     for (int i = 0; i < 4; i++) {
         fill(r.ctx, (size_t)r.n);
@@ -540,7 +430,7 @@ START_TEST(test_pinned_buffer_refilled_at_the_same_address_replays_the_new_conte
         call(&r);
         expect_eager_bits(&r, "back home", i);
     }
-    expect_graph_accounting("pin reuse");
+    cfx_expect_graph_accounting(C, "pin reuse");
 }
 END_TEST
 
@@ -551,8 +441,8 @@ END_TEST
  * (doc: mutable_output, never replayed over it), and a partial overlap.
  * Each step must equal the eager loop on the same sequence. */
 START_TEST(test_outputs_aliasing_inputs_equal_an_eager_loop) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     static float x[MAXN], c[MAXN];
     /* (a) out == latent: x_{t+1} = step(x_t) */
@@ -593,7 +483,7 @@ START_TEST(test_outputs_aliasing_inputs_equal_an_eager_loop) {
         for (int j = 0; j < 96; j++) shared[j] *= 0.5f;
     }
     ck_assert(cap_cache_invariants(C));
-    expect_graph_accounting("aliasing");
+    cfx_expect_graph_accounting(C, "aliasing");
 }
 END_TEST
 
@@ -605,9 +495,9 @@ END_TEST
  * finds nothing. Checked: every replay equals eager on the new weights,
  * audits run and pass, no decline. */
 START_TEST(test_weights_rewritten_in_place_without_a_sync_replay_as_eager_would_and_audits_pass) {
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.audit_every = 2;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "adv:inplace-nosync", 8, 8);
     warm_capture_replay(&r);
@@ -618,7 +508,7 @@ START_TEST(test_weights_rewritten_in_place_without_a_sync_replay_as_eager_would_
         EXPECT_RAN(call(&r), CAP_RAN_REPLAYED, "replay after a silent rewrite");
         expect_eager_bits(&r, "silent weights", i);
     }
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_ge(st.audits, 5);
     ck_assert_uint_eq(st.declines[CAP_DECLINE_AUDIT_MISMATCH], 0);
     ck_assert_uint_eq(st.captures, 1);
@@ -632,8 +522,8 @@ END_TEST
  * refuse) and at replay; a NaN constant replays as that NaN, while -0.0
  * after +0.0 or another NaN payload is another constant (bits differ). */
 START_TEST(test_nan_inf_signed_zero_and_subnormal_values_replay_bitwise) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "adv:nan", 8, 8);
     U.add_const = true;
@@ -664,7 +554,7 @@ START_TEST(test_nan_inf_signed_zero_and_subnormal_values_replay_bitwise) {
     }
     memcpy(&q.consts[0].v.f, &nan2, 8);
     EXPECT_EAGER(call(&q), CAP_DECLINE_CONSTANT_CHANGED, "another NaN payload");
-    ck_assert_uint_eq(stats().declines[CAP_DECLINE_VERIFY_MISMATCH], 0);
+    ck_assert_uint_eq(cfx_stats(C).declines[CAP_DECLINE_VERIFY_MISMATCH], 0);
 }
 END_TEST
 
@@ -692,8 +582,8 @@ static void expect_constant_changes_every_element(req_t *r, const char *what) {
  * call's bits are checked before its path, so a cache that let a changed
  * constant through to the old graph fails on the values it returns. */
 START_TEST(test_a_changed_constant_gives_its_own_value_never_the_one_a_graph_baked) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t a, b;
     req_init(&a, &U, "adv:const-a", 8, 8);
     req_init(&b, &U, "adv:const-b", 8, 8);
@@ -727,7 +617,7 @@ START_TEST(test_a_changed_constant_gives_its_own_value_never_the_one_a_graph_bak
     }
     replays_give_eager_bits(&a, 2, "a, 1.5 beside b");
     replays_give_eager_bits(&b, 2, "b, 2.5 beside a");
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.captures, 2);
     ck_assert_uint_eq(st.declines[CAP_DECLINE_CONSTANT_CHANGED], 2);
     ck_assert_uint_eq(st.declines[CAP_DECLINE_VERIFY_MISMATCH], 0);
@@ -742,9 +632,9 @@ END_TEST
  * even when one field deep in the text differs); a key whose text would
  * not fit is refused, never cut short onto another key's text. */
 START_TEST(test_keys_differing_in_one_field_never_share_an_entry_and_an_overlong_key_is_refused) {
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.warmup = 0;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     enum { NV = 10 };
     static req_t r[NV];
     char text[NV][CAP_KEY_TEXT_MAX];
@@ -772,7 +662,7 @@ START_TEST(test_keys_differing_in_one_field_never_share_an_entry_and_an_overlong
         EXPECT_RAN(call(&r[v]), CAP_RAN_CAPTURED, "each key captures its own graph");
         expect_eager_bits(&r[v], "per-key", v);
     }
-    ck_assert_uint_eq(stats().entries, NV);
+    ck_assert_uint_eq(cfx_stats(C).entries, NV);
     /* An overlong key: 8 inputs with 47-character names and 5 dims each. */
     static req_t big;
     req_init(&big, &U, "adv:keys", 8, 8);
@@ -790,7 +680,7 @@ START_TEST(test_keys_differing_in_one_field_never_share_an_entry_and_an_overlong
     ck_assert_int_lt(cap_key_text(&big.key, false, buf, sizeof buf), 0);
     cap_result_t res;
     ck_assert_int_ne(req_try_on(C, S, &big, &res), 0);
-    ck_assert_uint_eq(stats().entries, NV);
+    ck_assert_uint_eq(cfx_stats(C).entries, NV);
 }
 END_TEST
 
@@ -798,17 +688,17 @@ END_TEST
 
 /* Budget 0 is unlimited (doc: "0 = unlimited"): 64 keys all keep their graphs. */
 START_TEST(test_budget_zero_is_unlimited) {
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.budget_bytes = 0;
     o.warmup = 0;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "adv:b0", 8, 8);
     for (int k = 0; k < 64; k++) {
         snprintf(r.key.model, sizeof r.key.model, "adv:b0-%d", k);
         EXPECT_RAN(call(&r), CAP_RAN_CAPTURED, "unlimited");
     }
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.graphs, 64);
     ck_assert_uint_eq(st.evictions[CAP_EVICT_LRU], 0);
 }
@@ -820,34 +710,34 @@ END_TEST
 START_TEST(test_budget_of_exactly_one_graph_alternating_keys_stay_correct) {
     size_t ent, g;
     probe_sizes(8, 8, &ent, &g);
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.budget_bytes = ent + g;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     static req_t a, b;
     req_init(&a, &U, "adv:one-a", 8, 8);
     req_init(&b, &U, "adv:one-b", 8, 8);
     warm_capture_replay(&a);
-    ck_assert_uint_eq(stats().bytes_held, o.budget_bytes);
+    ck_assert_uint_eq(cfx_stats(C).bytes_held, o.budget_bytes);
     for (int i = 0; i < 12; i++) {
         req_t *r = (i / 3) % 2 ? &a : &b;
         fill(r->x, (size_t)r->n);
         call(r);
         expect_eager_bits(r, "alternating", i);
-        cap_stats_t st = stats();
+        cap_stats_t st = cfx_stats(C);
         ck_assert_uint_le(st.bytes_held, o.budget_bytes);
         ck_assert_uint_le(st.entries, 1);
     }
-    ck_assert_uint_gt(stats().evictions[CAP_EVICT_LRU], 0);
-    expect_graph_accounting("one-graph budget");
+    ck_assert_uint_gt(cfx_stats(C).evictions[CAP_EVICT_LRU], 0);
+    cfx_expect_graph_accounting(C, "one-graph budget");
 }
 END_TEST
 
 /* Budget below any workspace: every call runs in a transient workspace
  * (budget_exceeded), nothing is held and nothing leaks. */
 START_TEST(test_budget_below_any_workspace_runs_every_call_transient) {
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.budget_bytes = 16;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "adv:tiny-budget", 8, 8);
     size_t base = kern_bytes_in_use(B);
@@ -858,7 +748,7 @@ START_TEST(test_budget_below_any_workspace_runs_every_call_transient) {
         expect_eager_bits(&r, "tiny budget", i);
         ck_assert_uint_eq(kern_bytes_in_use(B), base);
     }
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.bytes_held, 0);
     ck_assert_uint_eq(st.entries, 0);
     ck_assert_uint_eq(st.transient_runs, 6);
@@ -872,9 +762,9 @@ END_TEST
 START_TEST(test_budget_that_holds_the_workspace_but_not_the_graph_captures_once_then_stays_eager) {
     size_t ent, g;
     probe_sizes(8, 8, &ent, &g);
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.budget_bytes = ent + g - 1;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     static req_t r;
     req_init(&r, &U, "adv:no-graph-room", 8, 8);
     for (int i = 0; i < 10; i++) {
@@ -885,7 +775,7 @@ START_TEST(test_budget_that_holds_the_workspace_but_not_the_graph_captures_once_
         expect_eager_bits(&r, "no graph room", i);
     }
     ck_assert_int_eq(U.capturing_launches, 1);
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.captures, 0);
     ck_assert_uint_eq(st.graphs, 0);
     ck_assert_uint_le(st.bytes_held, o.budget_bytes);
@@ -900,10 +790,10 @@ START_TEST(test_thousands_of_keys_evict_in_lru_order_and_memory_stays_bounded) {
     size_t ent, g;
     probe_sizes(4, 4, &ent, &g);
     enum { K = 8, NKEYS = 1500 };
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.budget_bytes = K * (ent + g);
     o.warmup = 1;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     size_t base = kern_bytes_in_use(B);
     static req_t hot, cold;
     req_init(&hot, &U, "adv:hot", 4, 4);
@@ -916,17 +806,18 @@ START_TEST(test_thousands_of_keys_evict_in_lru_order_and_memory_stays_bounded) {
         req_t *r = i % 2 ? &cold : &hot;
         if (r == &cold) snprintf(cold.key.model, sizeof cold.key.model, "adv:cold-%d", i);
         uint64_t h = cap_key_hash(&r->key);
-        int before = n_recs;
+        int before = cfx_n_recs();
         fill(r->x, (size_t)r->n);
         cap_result_t res = call(r);
         if (r == &hot && res.ran == CAP_RAN_REPLAYED) hot_replays++;
         expect_eager_bits(r, "lru", i);
         /* the evictions this call made: each the model's least recent entry */
-        for (int e = before; e < n_recs; e++) {
-            if (recs[e].kind != CAP_EV_EVICT) continue;
-            ck_assert_int_eq(recs[e].reason, CAP_EVICT_LRU);
+        for (int e = before; e < cfx_n_recs(); e++) {
+            cfx_rec_t ev = cfx_rec(e);
+            if (ev.kind != CAP_EV_EVICT) continue;
+            ck_assert_int_eq(ev.reason, CAP_EVICT_LRU);
             ck_assert_int_gt(n_lru, 0);
-            ck_assert_msg(recs[e].hash == lru[n_lru - 1], "call %d evicted an entry that was not the least recent", i);
+            ck_assert_msg(ev.hash == lru[n_lru - 1], "call %d evicted an entry that was not the least recent", i);
             n_lru--;
         }
         int at = -1;
@@ -936,11 +827,11 @@ START_TEST(test_thousands_of_keys_evict_in_lru_order_and_memory_stays_bounded) {
         ck_assert_int_le(n_lru, 64 * K);
         memmove(lru + 1, lru, (size_t)at * sizeof lru[0]);
         lru[0] = h;
-        cap_stats_t st = stats();
+        cap_stats_t st = cfx_stats(C);
         ck_assert_uint_le(st.bytes_held, o.budget_bytes);
         ck_assert_uint_eq(st.entries, (size_t)n_lru);
         if (i % 100 == 0) ck_assert(cap_cache_invariants(C));
-        if (n_recs > MAX_REC - 64) n_recs = 0; /* only this call's events are read */
+        if (cfx_n_recs() > CFX_MAX_REC - 64) cfx_recs_clear(); /* only this call's events are read */
     }
     ck_assert_int_ge(hot_replays, NKEYS / 2 - 3);
     cap_cache_evict_all(C);
@@ -979,8 +870,8 @@ static void hook_evict_in_verify(user_t *u, kern_stream_t *s) {
  * evicted: captures - graph evictions stays the graphs held (doc, "Decline
  * reasons and events"), in the counters and in the events. */
 START_TEST(test_eviction_during_verify_is_not_counted_as_the_eviction_of_a_graph) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r, other;
     req_init(&other, &U, "adv:verify-other", 8, 8);
     warm_capture_replay(&other); /* a graph held, so the count can go wrong both ways */
@@ -994,15 +885,15 @@ START_TEST(test_eviction_during_verify_is_not_counted_as_the_eviction_of_a_graph
     ck_assert_int_eq(g_evict_rc, 1);
     ck_assert_int_eq(res.ran, CAP_RAN_EAGER);
     expect_eager_bits(&r, "evicted in verify", 0);
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.graphs, 1);
     ck_assert_uint_eq(st.entries, 1);
     ck_assert_msg(st.graphless_evictions[CAP_EVICT_EXPLICIT] == 1,
                   "the entry evicted mid-verify held no published graph, but the eviction was counted as a graph's");
-    expect_graph_accounting("eviction during verify");
+    cfx_expect_graph_accounting(C, "eviction during verify");
     /* and the key starts over cleanly */
     calls_give_eager_bits(&r, 4, "after");
-    expect_graph_accounting("after the eviction during verify");
+    cfx_expect_graph_accounting(C, "after the eviction during verify");
 }
 END_TEST
 
@@ -1049,10 +940,10 @@ static void *replayer_main(void *arg) {
 START_TEST(test_evictions_racing_replays_on_other_streams_never_corrupt_a_result) {
     size_t ent, g;
     probe_sizes(8, 8, &ent, &g);
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.warmup = 1;
     o.budget_bytes = (NT + 2) * (ent + g);
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     static thr_t t[NT];
     pthread_barrier_t go;
     pthread_barrier_init(&go, NULL, NT + 1);
@@ -1096,8 +987,8 @@ START_TEST(test_evictions_racing_replays_on_other_streams_never_corrupt_a_result
         ck_assert_msg(t[i].bad == 0, "thread %d: %d results differ from eager", i, t[i].bad);
     }
     ck_assert(cap_cache_invariants(C));
-    ck_assert_uint_le(stats().bytes_held, o.budget_bytes);
-    expect_graph_accounting("racing evictions");
+    ck_assert_uint_le(cfx_stats(C).bytes_held, o.budget_bytes);
+    cfx_expect_graph_accounting(C, "racing evictions");
 }
 END_TEST
 
@@ -1118,9 +1009,9 @@ static void *capturer_main(void *arg) {
  * barrier): each stream gets its own entry and graph, all verify, all
  * replay bitwise; then N threads on ONE stream: exactly one capture. */
 START_TEST(test_streams_capturing_the_same_key_at_once_each_get_a_verified_graph) {
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.warmup = 0;
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     static thr_t t[NT];
     static float want[MAXN];
     pthread_barrier_t go;
@@ -1148,7 +1039,7 @@ START_TEST(test_streams_capturing_the_same_key_at_once_each_get_a_verified_graph
         }
         ck_assert_int_eq(captured, one_stream ? 1 : NT);
     }
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.captures, NT + 1);
     ck_assert_uint_eq(st.declines[CAP_DECLINE_VERIFY_MISMATCH], 0);
     ck_assert(cap_cache_invariants(C));
@@ -1163,8 +1054,8 @@ END_TEST
  * replay and during an eager run: each call either fails with -1 or
  * serves eager bits, nothing leaks, and the next calls are right. */
 START_TEST(test_failures_midway_leave_nothing_half_made) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     size_t base = kern_bytes_in_use(B);
     static req_t r, idle;
     req_init(&idle, &U, "adv:fail-idle", 8, 8);
@@ -1205,18 +1096,18 @@ START_TEST(test_failures_midway_leave_nothing_half_made) {
     /* a workspace refused for a reason memory would not change: no idle entry evicted */
     static req_t n;
     req_init(&n, &U, "adv:fail-ws", 8, 8);
-    size_t entries = stats().entries;
+    size_t entries = cfx_stats(C).entries;
     U.ws_fail_code = REEL_E_INVALID;
     ck_assert_int_ne(req_try_on(C, S, &n, &res), 0);
-    ck_assert_uint_eq(stats().entries, entries);
-    ck_assert_uint_eq(stats().evictions[CAP_EVICT_LRU], 0);
+    ck_assert_uint_eq(cfx_stats(C).entries, entries);
+    ck_assert_uint_eq(cfx_stats(C).evictions[CAP_EVICT_LRU], 0);
     /* out of memory: the idle entries go and the allocation is tried once more */
     U.ws_fail_code = REEL_E_NOMEM;
     EXPECT_EAGER(call(&n), CAP_DECLINE_WARMING_UP, "after an out-of-memory workspace");
     expect_eager_bits(&n, "after oom", 0);
-    ck_assert_uint_gt(stats().evictions[CAP_EVICT_LRU], 0);
+    ck_assert_uint_gt(cfx_stats(C).evictions[CAP_EVICT_LRU], 0);
     ck_assert(cap_cache_invariants(C));
-    expect_graph_accounting("failures");
+    cfx_expect_graph_accounting(C, "failures");
     cap_cache_evict_all(C);
     ck_assert_uint_eq(kern_bytes_in_use(B), base);
 }
@@ -1240,25 +1131,25 @@ static void cb_reenter(const cap_event_t *ev) {
  * and dispatches another key, deadlocks nothing and leaves a consistent
  * cache; the evicted key starts over and serves eager bits. */
 START_TEST(test_an_event_callback_may_evict_and_dispatch) {
-    cap_options_t o = opts();
-    C = new_cache(&o);
+    cap_options_t o = cfx_options();
+    C = cfx_cache_new(B, &o, WA);
     static req_t r, other;
     req_init(&r, &U, "adv:cb", 8, 8);
     req_init(&other, &U, "adv:cb-other", 8, 8);
     g_victim = &r.key;
     g_cb_req = &other;
     g_cb_calls = 0;
-    g_event_hook = cb_reenter;
+    cfx_event_hook = cb_reenter;
     calls_give_eager_bits(&r, 3, "callback");
-    g_event_hook = NULL;
+    cfx_event_hook = NULL;
     ck_assert_int_eq(g_cb_calls, 1);
     ck_assert_int_eq(g_cb_rc, 1);
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_eq(st.graphs, 0);
     expect_eager_bits(&other, "dispatched from the callback", 0);
     ck_assert(cap_cache_invariants(C));
     warm_capture_replay(&r);
-    expect_graph_accounting("callbacks");
+    cfx_expect_graph_accounting(C, "callbacks");
 }
 END_TEST
 
@@ -1273,10 +1164,10 @@ END_TEST
 START_TEST(test_random_operations_keep_every_call_bitwise_and_the_graph_accounting_exact) {
     size_t ent, g;
     probe_sizes(8, 8, &ent, &g);
-    cap_options_t o = opts();
+    cap_options_t o = cfx_options();
     o.audit_every = 3;
     o.budget_bytes = 4 * (ent + g);
-    C = new_cache(&o);
+    C = cfx_cache_new(B, &o, WA);
     enum { NR = 6, OPS = 1500 };
     static req_t r[NR];
     static float ctx_alt[NR][MAXN];
@@ -1334,9 +1225,9 @@ START_TEST(test_random_operations_keep_every_call_bitwise_and_the_graph_accounti
         ck_assert_msg(cap_cache_invariants(C), "op %d broke an invariant", op);
         char what[32];
         snprintf(what, sizeof what, "op %d", op);
-        expect_graph_accounting(what);
+        cfx_expect_graph_accounting(C, what);
     }
-    cap_stats_t st = stats();
+    cap_stats_t st = cfx_stats(C);
     ck_assert_uint_gt(st.captures, 10);
     ck_assert_uint_gt(st.replays, 100);
     ck_assert_uint_gt(st.audits, 10);
