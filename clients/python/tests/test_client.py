@@ -2089,6 +2089,16 @@ class BrokerRestartTests(unittest.TestCase):
         as soon as it logs the SYNC, then killed and restarted: the client
         uploads again to the new broker, sends the SYNC again and ends
         complete; the new broker holds the file byte for byte."""
+        self._upload_through_a_broker_restart(graceful=False)
+
+    def test_a_sync_by_value_whose_broker_is_stopped_mid_upload_goes_again_to_the_next_and_completes(self):
+        """The same with the broker stopped on purpose (SIGTERM) as soon as
+        it logs the SYNC: its ERROR shutdown is no answer; the client
+        uploads and syncs again to the broker that comes back (it used to
+        raise the ERROR)."""
+        self._upload_through_a_broker_restart(graceful=True)
+
+    def _upload_through_a_broker_restart(self, graceful):
         d = tempfile.mkdtemp(prefix="reel-py-urestart-")
         procs = []
         ce, we, up = f"ipc://{d}/clients", f"ipc://{d}/workers", os.path.join(d, "up")
@@ -2129,9 +2139,13 @@ class BrokerRestartTests(unittest.TestCase):
             end = time.monotonic() + 60
             while time.monotonic() < end and "sync transformer v2 accepted" not in open(blog).read():
                 time.sleep(0.005)
-            b.send_signal(signal.SIGSTOP)
-            stored = os.path.exists(os.path.join(up, "transformer-v2.safetensors"))
-            b.kill()
+            if graceful:
+                stored = os.path.exists(os.path.join(up, "transformer-v2.safetensors"))
+                b.terminate()
+            else:
+                b.send_signal(signal.SIGSTOP)
+                stored = os.path.exists(os.path.join(up, "transformer-v2.safetensors"))
+                b.kill()
             b.wait(30)
             broker(os.path.join(d, "broker2.log"))
             t.join(120)
