@@ -271,4 +271,24 @@ as client "$R" gen --broker "$CE" --model small --context "$D/ctx.safetensors" -
 grep -q "weights v7" "$D/g7.err" && "$R" tensor diff "$D/g7.safetensors" "$D/r7.safetensors" --name latent >/dev/null 2>&1 &&
     ok "a gen on v7 (fetched into the buffer kept from v6) is bitwise reelctl run with its file" ||
     { bad "gen on v7 after a reused fetch buffer"; show "$D/g7.err"; }
+
+# the broker stopped on purpose (SIGTERM) as soon as it holds the SYNC of
+# an upload: its ERROR shutdown is no answer; reelctl waits for the broker
+# that comes back, uploads and syncs again there, and completes (it used
+# to fail with the ERROR)
+(REEL_CLIENT_LIVENESS_MS=200 as trainer "$R" sync --broker "$CE" --version 8 --upload "$D/tr/v4.safetensors"     --timeout-ms 120000 >"$D/s8.err" 2>&1; echo $? >"$D/s8.rc") &
+sp=$!
+PIDS="$PIDS $sp"
+if wait_for "$D/broker.log" "sync transformer v8 accepted" 60; then
+    kill -TERM "$BROKER"
+    i=0; while kill -0 "$BROKER" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    broker || bad "the broker restarts after SIGTERM"
+    reap "$sp" 120
+    [ "$(cat "$D/s8.rc" 2>/dev/null)" = 0 ] && grep -q "sync transformer v8: complete" "$D/s8.err" &&
+        cmp -s "$D/store/transformer-v8.safetensors" "$D/tr/v4.safetensors" &&
+        ok "SIGTERM while the broker held an upload's SYNC: reelctl sync --upload went again to the next broker, complete, the file byte for byte" ||
+        { bad "sync --upload through a SIGTERM (exit $(cat "$D/s8.rc" 2>/dev/null))"; show "$D/s8.err"; }
+else
+    bad "the SYNC of v8 reached the broker"; show "$D/s8.err"
+fi
 finish
