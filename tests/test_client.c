@@ -340,11 +340,7 @@ static int shutdown_answer(fake_t *f) {
     uint64_t ping, id;
     status_then_gen(f, &ping);
     reply_status(f, ping, BOOT_A);
-    msg_error_t *e = calloc(1, sizeof *e);
-    snprintf(e->code, sizeof e->code, "%s", WIRE_E_SHUTDOWN);
-    snprintf(e->message, sizeof e->message, "the broker is shutting down");
-    ck_assert_int_eq(msg_send(f->router, &f->who, MSG_ERROR, f->gen_id, e, NULL), 0);
-    free(e);
+    ck_assert_int_eq(msg_send_error(f->router, &f->who, f->gen_id, WIRE_E_SHUTDOWN, "the broker is shutting down"), 0);
     ck_assert_msg(next(f, &id) == MSG_STATUS, "after `shutdown` the GEN went again before a broker answered");
     reply_status(f, id, BOOT_B); /* the broker that came back */
     ck_assert_int_eq(next(f, NULL), MSG_GEN);
@@ -1120,10 +1116,7 @@ START_TEST(test_a_gen_waiting_when_its_key_is_admitted_reaches_the_broker) {
         wire_err_t e;
         if (msg_recv(k.router, true, 0, &m, &e) != 0) break;
         if (msg_type(&m) == MSG_STATUS) {
-            msg_status_reply_t r;
-            memset(&r, 0, sizeof r);
-            r.boot = BOOT_A;
-            ck_assert_int_eq(msg_send(k.router, &m.identity, MSG_STATUS_REPLY, m.id, &r, NULL), 0);
+            reply_status_to(k.router, &m.identity, m.id, BOOT_A);
             statuses++;
         } else if (msg_type(&m) == MSG_GEN) {
             ck_assert_int_eq(msg_send_error(k.router, &m.identity, m.id, WIRE_E_BAD_REQUEST, "GEN: answered"), 0);
@@ -1704,10 +1697,7 @@ START_TEST(test_a_round_waiting_when_its_key_is_admitted_sends_its_requests_in_f
         wire_err_t e;
         if (msg_recv(k.router, true, 0, &m, &e) != 0) break;
         if (msg_type(&m) == MSG_STATUS) {
-            msg_status_reply_t r;
-            memset(&r, 0, sizeof r);
-            r.boot = BOOT_A;
-            ck_assert_int_eq(msg_send(k.router, &m.identity, MSG_STATUS_REPLY, m.id, &r, NULL), 0);
+            reply_status_to(k.router, &m.identity, m.id, BOOT_A);
             statuses++;
         } else if (msg_type(&m) == MSG_GEN) {
             bool seen = false;

@@ -1666,6 +1666,19 @@ static void fetch_start(fetch_job_t *j, pthread_t *th, void *ctx, const char *ep
 
 /* Closes the fake broker's socket and context and removes dir (and its
  * ipc socket file "b"). */
+/* A fake broker: a folder made from the template dir, a ROUTER bound at
+ * ipc://DIR/b (its endpoint in ep), in a context of its own (*ctx). Closed
+ * by fake_broker_close. */
+static void *fake_broker_open(char *dir, char *ep, size_t ep_len, void **ctx) {
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(ep, ep_len, "ipc://%s/b", dir);
+    ck_assert_ptr_nonnull(*ctx = zmq_ctx_new());
+    void *r = zmq_socket(*ctx, ZMQ_ROUTER);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(zmq_bind(r, ep), 0);
+    return r;
+}
+
 static void fake_broker_close(void *r, void *ctx, const char *dir) {
     int zero = 0;
     zmq_setsockopt(r, ZMQ_LINGER, &zero, sizeof zero);
@@ -1766,13 +1779,9 @@ END_TEST
 
 START_TEST(test_a_fetch_resumes_where_it_stopped_when_the_broker_comes_back) {
     char dir[] = "/tmp/reel-fetch.XXXXXX", ep[64];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(ep, sizeof ep, "ipc://%s/b", dir);
+    void *ctx, *r = fake_broker_open(dir, ep, sizeof ep, &ctx);
     size_t len;
     unsigned char *file = st_bytes((size_t)5 << 20, &len); /* 20 MiB: 6 chunks */
-    void *ctx = zmq_ctx_new();
-    void *r = zmq_socket(ctx, ZMQ_ROUTER);
-    ck_assert_int_eq(zmq_bind(r, ep), 0);
     fetch_job_t j;
     unsigned reasked = 99;
     pthread_t th;
@@ -1843,13 +1852,9 @@ END_TEST
  * answered busy"), so a sync by value failed on a busy broker. */
 START_TEST(test_a_fetch_answered_busy_asks_again_and_completes) {
     char dir[] = "/tmp/reel-fetch-busy.XXXXXX", ep[64];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(ep, sizeof ep, "ipc://%s/b", dir);
+    void *ctx, *r = fake_broker_open(dir, ep, sizeof ep, &ctx);
     size_t len;
     unsigned char *file = st_bytes((size_t)3 << 20, &len); /* 12 MiB: 4 chunks */
-    void *ctx = zmq_ctx_new();
-    void *r = zmq_socket(ctx, ZMQ_ROUTER);
-    ck_assert_int_eq(zmq_bind(r, ep), 0);
     fetch_job_t j;
     unsigned reasked = 99;
     pthread_t th;
@@ -1860,11 +1865,7 @@ START_TEST(test_a_fetch_answered_busy_asks_again_and_completes) {
     int n = 0, busy = 0;
     while (!atomic_load(&j.done) && next_fetch(r, 5000, &q, &who, &id)) {
         if (n++ < 2) { /* the first two: busy */
-            msg_error_t *e = calloc(1, sizeof *e);
-            snprintf(e->code, sizeof e->code, "%s", WIRE_E_BUSY);
-            snprintf(e->message, sizeof e->message, "too many answers on their way");
-            ck_assert_int_eq(msg_send(r, &who, MSG_ERROR, id, e, NULL), 0);
-            free(e);
+            ck_assert_int_eq(msg_send_error(r, &who, id, WIRE_E_BUSY, "too many answers on their way"), 0);
             busy++;
         } else {
             answer_fetch(r, &who, id, file, len, q.offset);
@@ -1889,13 +1890,9 @@ END_TEST
  * the first window; a file that fits is taken whole. */
 START_TEST(test_an_uploaded_file_with_more_data_than_the_model_is_refused_at_its_header) {
     char dir[] = "/tmp/reel-fetch-max.XXXXXX", ep[64];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(ep, sizeof ep, "ipc://%s/b", dir);
+    void *ctx, *r = fake_broker_open(dir, ep, sizeof ep, &ctx);
     size_t len, n = (size_t)3 << 20; /* 12 MiB of data: 3 chunks and a bit */
     unsigned char *file = st_bytes(n, &len);
-    void *ctx = zmq_ctx_new();
-    void *r = zmq_socket(ctx, ZMQ_ROUTER);
-    ck_assert_int_eq(zmq_bind(r, ep), 0);
     for (int fits = 0; fits < 2; fits++) {
         fetch_job_t j;
         pthread_t th;
