@@ -320,7 +320,10 @@ typedef struct {
     uint64_t malformed;              /* unreadable messages (answered ERROR while the peer's budget lasts) */
     uint64_t worker_refused;         /* registered workers' messages refused or dropped for what they said
                                       * (BRK_WORKER_REFUSED; STATUS worker_refused) */
-    uint64_t undelivered;            /* messages a peer could not take (queue full, or gone): dropped */
+    uint64_t undelivered;            /* messages a peer could not take (queue full, or gone): dropped;
+                                      * a client's PROGRESS counts in progress_dropped instead */
+    uint64_t progress_dropped;       /* PROGRESS a client could not take (a full queue, answers held
+                                      * before it, or gone): harmless, the next one says more */
     struct brk_held_client *held;    /* clients with answers their full queue could not take yet, held
                                       * to send when it can (brk_deliver.c) */
     uint64_t answers_held;           /* those answers, all clients */

@@ -155,6 +155,13 @@ static int build(void *sock, const zmq_msg_t *to, msg_type_t type, uint64_t id, 
                   : msg_send_keep(sock, to, type, id, o->body, o->share, keep);
 }
 
+/* A message to a client not sent: a PROGRESS counts apart (harmless: the
+ * next one says more), anything else as undelivered. */
+static void dropped(brk_t *b, msg_type_t type) {
+    if (type == MSG_PROGRESS) b->progress_dropped++;
+    else brk_undelivered(b, msg_type_name(type));
+}
+
 static int deliver(brk_t *b, const zmq_msg_t *to, msg_type_t type, uint64_t id, const out_t *o) {
     brk_ident_t who;
     brk_ident_from(&who, to);
@@ -164,7 +171,7 @@ static int deliver(brk_t *b, const zmq_msg_t *to, msg_type_t type, uint64_t id, 
     const bool droppable = type == MSG_PROGRESS;
     if (c && droppable) { /* behind answers held: the next PROGRESS says more */
         errno = EAGAIN;
-        brk_undelivered(b, msg_type_name(type));
+        dropped(b, type);
         return -1;
     }
     wire_parts_t k = { .np = 0 };
@@ -172,7 +179,7 @@ static int deliver(brk_t *b, const zmq_msg_t *to, msg_type_t type, uint64_t id, 
     int rc = build(c ? NULL : b->clients, to, type, id, o, droppable ? NULL : &k);
     if (rc == 0 && !c) return 0;
     if (k.np) return hold(b, &who, c, type, &k);
-    brk_undelivered(b, msg_type_name(type)); /* gone, a PROGRESS to a full queue, or refused (errno) */
+    dropped(b, type); /* gone, a PROGRESS to a full queue, or refused (errno) */
     return -1;
 }
 
@@ -192,7 +199,7 @@ static int ident_msg(zmq_msg_t *m, const brk_ident_t *to) {
 int brk_client_send_ident(brk_t *b, const brk_ident_t *to, msg_type_t type, uint64_t id, const void *body) {
     zmq_msg_t ident;
     if (ident_msg(&ident, to) < 0) {
-        brk_undelivered(b, msg_type_name(type));
+        dropped(b, type);
         return -1;
     }
     int rc = brk_client_send(b, &ident, type, id, body, NULL);

@@ -13,9 +13,10 @@
  * kept, in the order sent, for that client alone, and sent by
  * brk_deliver_retry as the queue takes it. While a client has anything
  * held its PROGRESS are dropped (the next says more) and its later
- * answers wait behind. Dropped, each counted in `undelivered`
- * (brk_undelivered): a message to a client that is gone (EHOSTUNREACH),
- * a PROGRESS as above, and the held answers of a client that took none
+ * answers wait behind. A PROGRESS not sent (as above, or to a client
+ * that is gone) is counted in `progress_dropped`. Dropped, each counted
+ * in `undelivered` (brk_undelivered): any other message to a client that
+ * is gone (EHOSTUNREACH), and the held answers of a client that took none
  * of them for BRK_HELD_MS (stuck, or gone without its connection
  * closing), or that would pass BRK_HELD_PER_CLIENT messages or, all
  * clients together, --max-held-mb of bytes (a second budget beside the
@@ -39,9 +40,9 @@
 
 /* A message of `type` with id and *body to the client whose routing
  * identity is `to` (as msg_send; share: tensors sent by reference). 0
- * when sent or held; -1 with errno when dropped (counted undelivered:
- * a PROGRESS to a full queue or behind held answers, a client gone, the
- * bounds above, or a body the codec refuses). Never waits. */
+ * when sent or held; -1 with errno when dropped (a PROGRESS counted in
+ * progress_dropped; anything else undelivered: a client gone, the bounds
+ * above, or a body the codec refuses). Never waits. */
 int brk_client_send(brk_t *b, const zmq_msg_t *to, msg_type_t type, uint64_t id, const void *body,
                     const wire_msg_t *share);
 /* The same to a routing identity kept as a brk_ident_t (a trainer's). */

@@ -174,9 +174,12 @@ static void render(brk_t *b, reel_text_t *t) {
                      "Registered workers' messages refused or dropped for what they said (each logged).");
     reel_prom_sample(t, "reel_broker_worker_refused_total", "", (double)b->worker_refused);
     reel_prom_family(t, "reel_broker_undelivered_total", "counter",
-                     "Messages dropped because their peer could not take them: gone, a full queue (a client's "
-                     "PROGRESS), or a client's answers held past their bounds.");
+                     "Messages but PROGRESS dropped because their peer could not take them: gone, a worker's full "
+                     "queue, or a client's answers held past their bounds.");
     reel_prom_sample(t, "reel_broker_undelivered_total", "", (double)b->undelivered);
+    reel_prom_family(t, "reel_broker_progress_dropped_total", "counter",
+                     "PROGRESS a client could not take (a full queue, answers held before it, or gone): harmless.");
+    reel_prom_sample(t, "reel_broker_progress_dropped_total", "", (double)b->progress_dropped);
     reel_prom_family(t, "reel_broker_answers_held", "gauge",
                      "Answers held for clients whose queue was full, to send when it takes them.");
     reel_prom_sample(t, "reel_broker_answers_held", "", (double)b->answers_held);

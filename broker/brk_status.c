@@ -104,6 +104,7 @@ void brk_status_reply(brk_t *b, const zmq_msg_t *to, uint64_t id) {
     r->catalog_failures = brk_catq_failures(b->cat);
     r->catalog_pending = brk_catq_pending(b->cat);
     r->undelivered = b->undelivered;
+    r->progress_dropped = b->progress_dropped;
     r->replies_suppressed = b->replies_suppressed;
     r->auth_refused = brk_zap_refused(b->zap);
     r->auth_refused_peers = brk_zap_refused_peers(b->zap);

@@ -1005,6 +1005,8 @@ static void status_json(const msg_status_reply_t *r, FILE *f) {
                           "steps_captured", (json_int_t)r->steps_captured, "models", models);
     if (o && r->worker_refused) /* (absent while 0, as on the wire) */
         json_object_set_new(o, "worker_refused", json_integer((json_int_t)r->worker_refused));
+    if (o && r->progress_dropped)
+        json_object_set_new(o, "progress_dropped", json_integer((json_int_t)r->progress_dropped));
     if (o && r->ha_state[0]) /* one of a standby pair */
         json_object_set_new(o, "ha", json_pack("{s:s, s:s, s:I, s:s}", "state", r->ha_state, "role", r->ha_role,
                                                "term", (json_int_t)r->ha_term, "peer", r->ha_peer));
@@ -1043,6 +1045,9 @@ static void status_text(const msg_status_reply_t *r, const char *broker) {
     if (r->malformed || r->undelivered || r->replies_suppressed || r->auth_refused)
         printf("peers: %" PRIu64 " malformed, %" PRIu64 " undelivered, %" PRIu64 " answers suppressed, %" PRIu64
                " handshakes refused\n", r->malformed, r->undelivered, r->replies_suppressed, r->auth_refused);
+    if (r->progress_dropped) /* apart: harmless, and noisy while clients read slowly */
+        printf("progress: %" PRIu64 " PROGRESS not delivered (a client's full queue: the next one says more)\n",
+               r->progress_dropped);
     if (r->worker_refused)
         printf("workers: %" PRIu64 " message%s refused or dropped for what %s said (the broker's log names each)\n",
                r->worker_refused, r->worker_refused == 1 ? "" : "s", r->worker_refused == 1 ? "it" : "they");
@@ -1106,8 +1111,11 @@ int ctl_broker_metrics(const char *broker, FILE *out) {
     prom(out, "reel_broker_worker_refused_total", "counter",
          "Registered workers' messages refused or dropped for what they said (each logged).", r->worker_refused);
     prom(out, "reel_broker_undelivered_total", "counter",
-         "Messages dropped because their peer could not take them: gone, a full queue (a client's "
-         "PROGRESS), or a client's answers held past their bounds.", r->undelivered);
+         "Messages but PROGRESS dropped because their peer could not take them: gone, a worker's full "
+         "queue, or a client's answers held past their bounds.", r->undelivered);
+    prom(out, "reel_broker_progress_dropped_total", "counter",
+         "PROGRESS a client could not take (a full queue, answers held before it, or gone): harmless.",
+         r->progress_dropped);
     prom(out, "reel_broker_replies_suppressed_total", "counter",
          "Answers to bad messages not sent (over the peer's budget, or not a registered worker).",
          r->replies_suppressed);

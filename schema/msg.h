@@ -505,6 +505,8 @@ typedef struct {
     uint64_t catalog_failures;   /* catalog batches the store refused for now (retried) */
     uint64_t catalog_pending;    /* catalog records waiting to be written */
     uint64_t undelivered;        /* messages a peer could not take (queue full or gone): dropped */
+    uint64_t progress_dropped;   /* PROGRESS a client could not take (optional: absent while 0, and from
+                                  * an older broker, which counted them in undelivered) */
     uint64_t replies_suppressed; /* answers to bad messages not sent (over the peer's budget) */
     uint64_t auth_refused;       /* CURVE handshakes the broker's key check refused */
     uint64_t auth_refused_peers; /* ... the peers they came from (optional: 0 from an older broker) */

@@ -394,6 +394,7 @@ static const msg_field_t status_reply_rows[] = {
     R_U64(msg_status_reply_t, catalog_failures, "catalog_failures", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, catalog_pending, "catalog_pending", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, undelivered, "undelivered", 0, 0, UINT64_MAX, 0),
+    R_U64(msg_status_reply_t, progress_dropped, "progress_dropped", F_OMIT, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, replies_suppressed, "replies_suppressed", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, auth_refused, "auth_refused", 0, 0, UINT64_MAX, 0),
     R_U64(msg_status_reply_t, auth_refused_peers, "auth_refused_peers", F_OMIT, 0, UINT64_MAX, 0),

@@ -2342,21 +2342,22 @@ START_TEST(test_an_answer_that_finds_its_clients_queue_full_is_held_and_sent_in_
     uint64_t rid = request_on(&x, 0);
     gen_from(&x, c, 10, TOKEN_A, 8, true);
     uint64_t rid2 = request_on(&x, 0);
-    const uint64_t before = x.b.undelivered;
+    const uint64_t before = x.b.undelivered, before_p = x.b.progress_dropped;
     for (uint64_t k = 1; k <= 6; k++) progress_from(&x, rid, k, 6, 0, 0);
-    ck_assert_uint_eq(x.b.undelivered, before + 4); /* two fit */
+    ck_assert_uint_eq(x.b.progress_dropped, before_p + 4); /* two fit */
+    ck_assert_uint_eq(x.b.undelivered, before); /* (PROGRESS counts apart) */
     serve(&x, rid);
     ck_assert_uint_eq(x.b.answers_held, 1);
-    ck_assert_uint_eq(x.b.undelivered, before + 4);
+    ck_assert_uint_eq(x.b.progress_dropped, before_p + 4);
     progress_from(&x, rid2, 1, 2, 0, 0); /* behind an answer held: dropped */
-    ck_assert_uint_eq(x.b.undelivered, before + 5);
+    ck_assert_uint_eq(x.b.progress_dropped, before_p + 5);
     status_from(&x, c, 11);
     wire_val_t *e = wire_hdr("ERROR", rid2);
     wv_set(e, "code", wv_str(WIRE_E_INTERNAL));
     wv_set(e, "message", wv_str("ends the test"));
     from_worker(&x, 0, e);
     ck_assert_uint_eq(x.b.answers_held, 3);
-    ck_assert_uint_eq(x.b.undelivered, before + 5);
+    ck_assert_uint_eq(x.b.undelivered, before);
     all_answered(&x); /* (the requests ended: only their answers wait) */
     expect_progress(c, 9, 1, 6, 0);
     expect_progress(c, 9, 2, 6, 0);
@@ -2366,7 +2367,18 @@ START_TEST(test_an_answer_that_finds_its_clients_queue_full_is_held_and_sent_in_
     expect_on(c, "STATUS_REPLY", 11, NULL);
     retry_until_sent(&x, 0);
     expect_on(c, "ERROR", 10, WIRE_E_INTERNAL);
-    ck_assert_uint_eq(x.b.undelivered, before + 5);
+    ck_assert_uint_eq(x.b.undelivered, before);
+    ck_assert_uint_eq(x.b.progress_dropped, before_p + 5);
+    /* STATUS says so: the PROGRESS apart, none undelivered */
+    wire_val_t *sh = wire_hdr("STATUS", 12);
+    ck_assert_int_eq(wire_send(c, NULL, sh, NULL, 0), 0);
+    wv_free(&sh);
+    deliver(&x, false);
+    wire_msg_t *d = take(c, false);
+    ck_assert_str_eq(d->type, "STATUS_REPLY");
+    ck_assert_uint_eq(u64_of(d, "progress_dropped"), before_p + 5);
+    ck_assert_uint_eq(u64_of(d, "undelivered"), before);
+    drop_msg(&d);
     TS_OK(brk_check(&x.b));
     zmq_close(c);
     box_close(&x);
@@ -4408,6 +4420,7 @@ START_TEST(test_status_lists_each_model_with_the_config_its_worker_announced) {
                                "steps_replayed", "steps_eager", "steps_captured" };
     for (size_t i = 0; i < sizeof counters / sizeof *counters; i++)
         ck_assert_msg(wv_get_u64(d->hdr, counters[i], &v) && v == 0, "STATUS_REPLY lacks %s: 0", counters[i]);
+    ck_assert_msg(!wv_get(d->hdr, "progress_dropped"), "progress_dropped is absent while 0");
     drop_msg(&d);
     box_close(&x);
 }
