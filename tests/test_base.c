@@ -235,6 +235,97 @@ START_TEST(test_value_scans_find_nan_inf_and_magnitudes_of_two_to_the_e) {
 }
 END_TEST
 
+/* The scans' reference: each value's exponent field read one at a time. */
+static bool ref_reaches(const unsigned char *b, size_t n, kern_dtype_t dt, unsigned lim) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned field;
+        if (dt == KERN_F32) {
+            uint32_t w;
+            memcpy(&w, b + 4 * i, 4);
+            field = (w >> 23) & 0xffu;
+        } else {
+            uint16_t h;
+            memcpy(&h, b + 2 * i, 2);
+            field = dt == KERN_BF16 ? (h >> 7) & 0xffu : (h >> 10) & 0x1fu;
+        }
+        if (field >= lim) return true;
+    }
+    return false;
+}
+
+/* The scans go by blocks (vector code, an early exit per block) and a
+ * tail: against the one-at-a-time reference, for every length up to 3
+ * blocks and some past, every position of one value at or past the
+ * bound (in a block, its tail, at a block's edge), each dtype, each
+ * alignment, random finite values around it and every exponent bound. */
+START_TEST(test_value_scans_agree_with_a_value_at_a_time_at_every_length_and_position) {
+    enum { MAXN = 260 };
+    static unsigned char buf[4 * MAXN + 3];
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    const kern_dtype_t dts[] = { KERN_F32, KERN_BF16, KERN_F16 };
+    long checked = 0;
+    for (size_t d = 0; d < 3; d++) {
+        const kern_dtype_t dt = dts[d];
+        const size_t es = kern_dtype_size(dt);
+        const unsigned top = dt == KERN_F16 ? 31 : 255, bias = dt == KERN_F16 ? 15 : 127;
+        for (size_t n = 0; n <= MAXN; n += n < 140 ? 1 : 7) {
+            const size_t off = n % 3;
+            unsigned char *b = buf + off;
+            /* finite values with fields below bias + 3 (|x| < 8) */
+            for (size_t i = 0; i < n; i++) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                uint32_t bits = (uint32_t)(r >> 32), field = (uint32_t)(r >> 24) % (bias + 3);
+                if (dt == KERN_F32) {
+                    uint32_t w = (bits & 0x807fffffu) | (field << 23);
+                    memcpy(b + 4 * i, &w, 4);
+                } else {
+                    uint16_t h = dt == KERN_BF16 ? (uint16_t)((bits & 0x807fu) | (field << 7))
+                                                 : (uint16_t)((bits & 0x83ffu) | (field << 10));
+                    memcpy(b + 2 * i, &h, 2);
+                }
+            }
+            /* each position gets a value of field f in turn, f past the
+             * random ones: bias + 3 .. top (infinity and NaN at top) */
+            for (size_t at = 0; at < n; at += (n < 20 || at % 64 >= 62 || at % 64 <= 1 || at + 2 >= n) ? 1 : 13) {
+                unsigned char keep[4];
+                memcpy(keep, b + es * at, es);
+                const unsigned fs[] = { bias + 3, bias + 4, (bias + top) / 2, top - 1, top };
+                for (size_t q = 0; q < sizeof fs / sizeof *fs; q++) {
+                    const unsigned f = fs[q];
+                    if (dt == KERN_F32) {
+                        uint32_t w = (f << 23) | (uint32_t)(at & 1 ? 0x80000001u : 0u);
+                        memcpy(b + 4 * at, &w, 4);
+                    } else {
+                        uint16_t h = (uint16_t)(dt == KERN_BF16 ? f << 7 : f << 10) | (uint16_t)(at & 1 ? 0x8001u : 0u);
+                        memcpy(b + 2 * at, &h, 2);
+                    }
+                    ck_assert_msg(kern_all_finite(b, n, dt) == !ref_reaches(b, n, dt, top),
+                                  "finite: %s n %zu at %zu field %u", kern_dtype_name(dt), n, at, f);
+                    /* the bounds at the value's field, one either side, and far ones */
+                    const int fe = (int)f - (int)bias;
+                    const int es_[] = { 0, 3, fe - 1, fe, fe + 1, 24, 127 };
+                    for (size_t k = 0; k < sizeof es_ / sizeof *es_; k++) {
+                        const int e = es_[k];
+                        if (e < 0 || e > 127) continue;
+                        unsigned lim = dt == KERN_F16 ? (bias + (unsigned)e < 31 ? bias + (unsigned)e : 31) : bias + (unsigned)e;
+                        ck_assert_msg(kern_all_below(b, n, dt, e) == !ref_reaches(b, n, dt, lim),
+                                      "below 2^%d: %s n %zu at %zu field %u", e, kern_dtype_name(dt), n, at, f);
+                        checked++;
+                    }
+                }
+                memcpy(b + es * at, keep, es);
+            }
+            ck_assert(kern_all_finite(b, n, dt));
+            for (int e = 0; e < 128; e++) {
+                unsigned lim = dt == KERN_F16 ? (bias + (unsigned)e < 31 ? bias + (unsigned)e : 31) : bias + (unsigned)e;
+                ck_assert(kern_all_below(b, n, dt, e) == !ref_reaches(b, n, dt, lim));
+            }
+        }
+    }
+    ck_assert(checked > 20000);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("base");
     TCase *e = tcase_create("error");
@@ -253,6 +344,7 @@ static Suite *suite(void) {
     suite_add_tcase(s, p);
     TCase *v = tcase_create("values");
     tcase_add_test(v, test_value_scans_find_nan_inf_and_magnitudes_of_two_to_the_e);
+    tcase_add_test(v, test_value_scans_agree_with_a_value_at_a_time_at_every_length_and_position);
     suite_add_tcase(s, v);
     return s;
 }
