@@ -274,7 +274,9 @@ struct brk_held_client;
  * answered busy: a worker keeps 4 in flight, and one that asks without
  * reading would otherwise have the routing thread read and hold 4 MiB
  * for each FETCH. BRK_FETCH_PEERS connections at once, a slot reused once
- * its answers went. */
+ * its answers went. Over all connections, the bytes of those answers are
+ * bounded by --max-fetch-mb (brk_t.fetch_out_bytes): 64 connections of 16
+ * answers of 4 MiB would be 4 GiB read for peers that never read. */
 #define BRK_FETCH_PEERS 64
 #define BRK_FETCH_OUT_MAX 16
 typedef struct {
@@ -289,6 +291,8 @@ typedef struct {
     struct brk_zap *zap;             /* keys and roles (brk_zap.h); NULL without keys */
     struct brk_uploads *uploads;     /* weights by value (brk_upload.h); NULL without --weights-dir */
     brk_fetch_peer_t fetch_peers[BRK_FETCH_PEERS]; /* (brk_t outlives the context: their frees come first) */
+    atomic_uint_fast64_t fetch_out_bytes; /* bytes of FETCH answers read and not yet sent, all connections
+                                           * (at most --max-fetch-mb; freed on ZeroMQ's I/O thread) */
     struct brk_ha *ha;               /* one of a standby pair (brk_ha.h); NULL alone (always active) */
     brk_catq_t *cat;
 

@@ -168,6 +168,10 @@ static void render(brk_t *b, reel_text_t *t) {
                      "or read back from --weights-dir.");
     reel_prom_sample(t, "reel_broker_fetch_bytes_total", "from=\"arriving_chunk\"", (double)b->fetch_bytes_shared);
     reel_prom_sample(t, "reel_broker_fetch_bytes_total", "from=\"file\"", (double)b->fetch_bytes_read);
+    reel_prom_family(t, "reel_broker_fetch_out_bytes", "gauge",
+                     "Bytes of uploaded weights read for workers' FETCHes and not yet sent (at most --max-fetch-mb; "
+                     "past it FETCHes are answered busy).");
+    reel_prom_sample(t, "reel_broker_fetch_out_bytes", "", (double)atomic_load(&b->fetch_out_bytes));
     reel_prom_family(t, "reel_broker_malformed_total", "counter", "Unreadable messages received.");
     reel_prom_sample(t, "reel_broker_malformed_total", "", (double)b->malformed);
     reel_prom_family(t, "reel_broker_worker_refused_total", "counter",

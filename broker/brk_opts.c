@@ -16,6 +16,7 @@
 static int set_retain(void *dst, const char *v);
 static int set_role(void *dst, const char *v);
 static int set_held(void *dst, const char *v);
+static int set_fetch(void *dst, const char *v);
 
 #define O(f) offsetof(brk_opts_t, f)
 /* Every option: its kind, where it goes, its range and its usage line. */
@@ -35,6 +36,9 @@ static const reel_opt_t rows[] = {
     { .name = "max-held-mb", .kind = REEL_OPT_SET, .set = set_held, .expect = "1..1073741824 (MiB)", .arg = "N",
       .help = "request tensor bytes held at once before BUSY; also the most bytes of answers held for "
               "clients whose queue is full (default 2048)" },
+    { .name = "max-fetch-mb", .kind = REEL_OPT_SET, .set = set_fetch, .expect = "4..1073741824 (MiB)", .arg = "N",
+      .help = "bytes of uploaded weights read for workers' FETCHes and\n"
+              "not yet sent, all workers together, before busy (default 512)" },
     { .name = "sync-deadline-ms", .kind = REEL_OPT_U64, .off = O(sync_deadline_ms), .ulo = 1, .uhi = UINT32_MAX,
       .arg = "N", .help = "default weight-sync barrier deadline (default 30000)" },
     { .name = "request-deadline-ms", .kind = REEL_OPT_U64, .off = O(request_deadline_ms), .ulo = 1,
@@ -101,6 +105,15 @@ static int set_held(void *dst, const char *s) {
     return 0;
 }
 
+/* MiB in [4, 2^30], kept as bytes: one answer (a chunk, 4 MiB at most)
+ * always fits. -1 as above. */
+static int set_fetch(void *dst, const char *s) {
+    uint64_t v;
+    if (reel_parse_u64(s, 4, 1ull << 30, "--max-fetch-mb", &v) != 0) return -1;
+    ((brk_opts_t *)dst)->max_fetch_bytes = v << 20;
+    return 0;
+}
+
 static int check(const brk_opts_t *o);
 
 static int set_role(void *dst, const char *v) {
@@ -124,6 +137,7 @@ static void defaults(brk_opts_t *o) {
         .weights_keep = 2,
         .request_deadline_ms = 60000,
         .max_held_bytes = (uint64_t)2048 << 20,
+        .max_fetch_bytes = (uint64_t)512 << 20,
         .catalog_queue = BRK_CATQ_MAX,
     };
 }

@@ -15,6 +15,7 @@ typedef struct {
     uint64_t sync_deadline_ms;    /* default SYNC barrier deadline */
     uint64_t request_deadline_ms; /* default GEN deadline */
     uint64_t max_held_bytes;      /* tensor bytes of accepted requests held at once */
+    uint64_t max_fetch_bytes;     /* bytes of FETCH answers read and not yet sent, all workers */
     const char *keys;             /* allowlist directory (brk_zap.h); NULL = no keys */
     const char *key;              /* the broker's own NAME.key; NULL = <keys>/broker.key */
     bool insecure;                /* no keys on a non-local endpoint, knowingly */

@@ -4,7 +4,9 @@
  * its chunk comes (answered with that chunk's frame, shared with ZeroMQ)
  * or the upload fails (ERROR). A connection's answers keep its order. A
  * worker-socket connection with BRK_FETCH_OUT_MAX answers read and not
- * yet sent is answered busy (brk_fetch_peer_t). */
+ * yet sent is answered busy (brk_fetch_peer_t), and so is any FETCH whose
+ * bytes would take the answers read and not yet sent, all connections
+ * together, past --max-fetch-mb. */
 #include "broker/brk_upload.h"
 #include "broker/brk_upload_int.h"
 
@@ -32,11 +34,24 @@ typedef struct {
     uint64_t max;              /* f->max bounded by MSG_CHUNK_MAX */
 } fetch_t;
 
+/* The buffer an answer is read into, with what it counts against until
+ * ZeroMQ frees it. */
+typedef struct {
+    brk_fetch_peer_t *peer;          /* NULL: not counted per connection */
+    atomic_uint_fast64_t *out_bytes; /* brk_t.fetch_out_bytes */
+    uint64_t n;
+    _Alignas(64) unsigned char data[];
+} out_buf_t;
+
 /* ZeroMQ is done with an answer's buffer (its I/O thread, or the routing
- * thread when the send failed): one fewer on its way to its peer. */
+ * thread when the send failed): one fewer on its way to its peer, its
+ * bytes no longer held. */
 static void free_chunk(void *data, void *hint) {
-    free(data);
-    if (hint) atomic_fetch_sub(&((brk_fetch_peer_t *)hint)->out, 1);
+    out_buf_t *o = hint;
+    (void)data; /* (o->data) */
+    if (o->peer) atomic_fetch_sub(&o->peer->out, 1);
+    atomic_fetch_sub(o->out_bytes, o->n);
+    free(o);
 }
 
 /* The fetch peer of connection `to`: its own slot, else one with no answer
@@ -58,14 +73,35 @@ static brk_fetch_peer_t *fetch_peer(brk_t *b, const zmq_msg_t *to) {
     return idle;
 }
 
-/* Whether FETCH q may have bytes read for it now; else it is answered
- * busy (docs/PROTOCOL.md: ask again later). The peer broker's copy, on
- * the client socket, asks one chunk at a time: not bounded here. */
-static bool may_read(fetch_t *q, brk_fetch_peer_t **peer) {
+/* The bytes an answer to a FETCH at offset of at most max bytes of a
+ * file of size bytes carries. */
+static uint64_t answer_bytes(uint64_t size, uint64_t offset, uint64_t max) {
+    return offset >= size ? 0 : size - offset < max ? size - offset : max;
+}
+
+/* Whether n more bytes of answers may be read for workers now: false
+ * (ERROR busy sent to `to`, naming the bound) when they would take those
+ * read and not yet sent past --max-fetch-mb. */
+static bool bytes_fit(brk_t *b, const zmq_msg_t *to, uint64_t id, uint64_t n) {
+    /* (only the routing thread adds: what it reads can only shrink meanwhile) */
+    uint64_t out = atomic_load(&b->fetch_out_bytes);
+    if (out + n <= b->opt.max_fetch_bytes) return true;
+    brk_error_to(b, true, to, id, WIRE_E_BUSY, "FETCH: %.1f MiB of answers are on their way to workers, the most "
+                 "the broker holds (--max-fetch-mb %llu): ask again later", (double)out / 1048576.0,
+                 (unsigned long long)(b->opt.max_fetch_bytes >> 20));
+    return false;
+}
+
+/* Whether FETCH q, whose answer carries n bytes, may have them read now;
+ * else it is answered busy (docs/PROTOCOL.md: ask again later). The peer
+ * broker's copy, on the client socket, asks one chunk at a time: not
+ * bounded here. */
+static bool may_read(fetch_t *q, uint64_t n, brk_fetch_peer_t **peer) {
     *peer = NULL;
     if (!q->worker_side) return true;
     brk_fetch_peer_t *p = fetch_peer(q->b, q->from);
     if (p && atomic_load(&p->out) < BRK_FETCH_OUT_MAX) {
+        if (!bytes_fit(q->b, q->from, q->id, n)) return false;
         *peer = p;
         return true;
     }
@@ -82,23 +118,27 @@ static bool may_read(fetch_t *q, brk_fetch_peer_t **peer) {
  * the file being size bytes long; or ERROR when they cannot be read. The
  * chunk's frame is the buffer it was read into, handed to ZeroMQ (freed
  * once sent): no copy of it on the routing thread. Counted on its way to
- * peer (NULL: not counted) until then. */
+ * peer (NULL: not counted) until then, and its bytes in fetch_out_bytes. */
 static void serve(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, const char *comp, uint64_t v, int fd, uint64_t size,
                   uint64_t offset, uint64_t max, brk_fetch_peer_t *peer) {
-    uint64_t n = offset >= size ? 0 : size - offset < max ? size - offset : max;
-    unsigned char *buf = malloc(n ? n : 1);
+    uint64_t n = answer_bytes(size, offset, max);
+    out_buf_t *o = malloc(sizeof *o + n);
+    unsigned char *buf = o ? o->data : NULL;
     ssize_t got = buf && n ? pread(fd, buf, n, (off_t)offset) : 0;
     wire_msg_t *sh = buf && got == (ssize_t)n ? calloc(1, sizeof *sh) : NULL;
+    if (o) *o = (out_buf_t){ .peer = peer, .out_bytes = &b->fetch_out_bytes, .n = n };
     if (peer) atomic_fetch_add(&peer->out, 1);
-    if (!sh || zmq_msg_init_data(&sh->frame[0], buf, n, free_chunk, peer) != 0) {
+    if (o) atomic_fetch_add(&b->fetch_out_bytes, n);
+    if (!sh || zmq_msg_init_data(&sh->frame[0], buf, n, free_chunk, o) != 0) {
         if (peer) atomic_fetch_sub(&peer->out, 1); /* (buf never reached ZeroMQ) */
+        if (o) atomic_fetch_sub(&b->fetch_out_bytes, n);
         brk_error_to(b, worker_side, to, id, WIRE_E_INTERNAL, "FETCH: cannot read %s v%" PRIu64 ": %s", comp, v,
                      !buf || (sh == NULL && got == (ssize_t)n) ? "out of memory"
                      : got < 0                                 ? strerror(errno)
                      : got != (ssize_t)n                       ? "the file is shorter than it was"
                                                                : "out of memory");
         free(sh);
-        free(buf);
+        free(o);
         return;
     }
     sh->n_tensors = 1;
@@ -131,8 +171,6 @@ bool brk_upl_ready(const slot_t *s, uint64_t offset, uint64_t max) {
     return s->received >= end;
 }
 
-/* (a parked FETCH is answered whatever its connection has on its way: it
- * was taken when it came, within BRK_FETCH_PARKED_MAX) */
 static void serve_slot(brk_t *b, slot_t *s, const zmq_msg_t *to, uint64_t id, uint64_t offset, uint64_t max,
                        brk_fetch_peer_t *peer) {
     serve(b, true, to, id, s->component, s->version, s->fd, s->size, offset, max, peer);
@@ -192,7 +230,11 @@ void brk_upl_serve_parked(brk_t *b, slot_t *s, const msg_upload_t *u, const wire
             s->parked[keep++] = *p;
             continue;
         }
-        if (!serve_arrived(b, s, &to, p->id, p->offset, p->max, u, m))
+        /* (one is answered whatever its connection has on its way: it was
+         * taken when it came, within BRK_FETCH_PARKED_MAX; but no more bytes
+         * are read for it past --max-fetch-mb: busy, and it asks again) */
+        if (!serve_arrived(b, s, &to, p->id, p->offset, p->max, u, m) &&
+            bytes_fit(b, &to, p->id, answer_bytes(s->size, p->offset, p->max)))
             serve_slot(b, s, &to, p->id, p->offset, p->max, fetch_peer(b, &to));
         zmq_msg_close(&to);
     }
@@ -237,7 +279,8 @@ static void fetch_coming(fetch_t *q, slot_t *s) {
     const msg_fetch_t *f = q->f;
     brk_fetch_peer_t *peer;
     if (brk_upl_ready(s, f->offset, q->max)) {
-        if (may_read(q, &peer)) serve_slot(b, s, q->from, q->id, f->offset, q->max, peer);
+        if (may_read(q, answer_bytes(s->size, f->offset, q->max), &peer))
+            serve_slot(b, s, q->from, q->id, f->offset, q->max, peer);
     } else if (s->stalled[0]) {
         brk_error_to(b, true, q->from, q->id, WIRE_E_INTERNAL, "FETCH: %s v%" PRIu64 ": the upload stalled: %s",
                      s->component, s->version, s->stalled);
@@ -267,8 +310,6 @@ static void fetch_stored(fetch_t *q) {
         brk_error_from(b, q->worker_side, q->from, q->id, reel_err(), "FETCH: "); /* all bad_request */
         return;
     }
-    brk_fetch_peer_t *peer;
-    if (!may_read(q, &peer)) return;
     brk_upl_path(b, "", f->component, f->version, ".safetensors", path, sizeof path);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     struct stat st;
@@ -279,7 +320,9 @@ static void fetch_stored(fetch_t *q) {
         return;
     }
     uint64_t size = (uint64_t)st.st_size;
-    serve(b, q->worker_side, q->from, q->id, f->component, f->version, fd, size, f->offset, q->max, peer);
+    brk_fetch_peer_t *peer;
+    if (may_read(q, answer_bytes(size, f->offset, q->max), &peer))
+        serve(b, q->worker_side, q->from, q->id, f->component, f->version, fd, size, f->offset, q->max, peer);
     close(fd);
 }
 

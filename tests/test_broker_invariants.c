@@ -156,6 +156,7 @@ static void setup(void) {
     X.b.opt.sync_deadline_ms = 30000;
     X.b.opt.request_deadline_ms = 60000;
     X.b.opt.max_held_bytes = (uint64_t)1 << 30;
+    X.b.opt.max_fetch_bytes = (uint64_t)512 << 20;
     ck_assert_int_eq(brk_queue_init(&X.b.queue, 8), 0);
     ck_assert_ptr_nonnull(X.b.ctx = zmq_ctx_new());
     X.b.clients = sock(X.b.ctx, ZMQ_ROUTER);

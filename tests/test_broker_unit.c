@@ -894,6 +894,7 @@ static void box_open(box_t *x) {
     x->b.opt.sync_deadline_ms = 30000;
     x->b.opt.request_deadline_ms = 60000;
     x->b.opt.max_held_bytes = (uint64_t)1 << 30;
+    x->b.opt.max_fetch_bytes = (uint64_t)512 << 20;
     ck_assert_int_eq(brk_queue_init(&x->b.queue, 8), 0);
     ck_assert_ptr_nonnull(x->b.ctx = zmq_ctx_new());
     x->b.clients = sock(x->b.ctx, ZMQ_ROUTER);
@@ -3586,6 +3587,80 @@ START_TEST(test_a_connection_gets_at_most_16_fetch_answers_on_their_way_and_busy
 }
 END_TEST
 
+/* The answer FETCH id of worker i waits with: an ERROR busy naming
+ * --max-fetch-mb. */
+static void expect_fetch_bytes_busy(box_t *x, int i, uint64_t id) {
+    wire_msg_t *m = take(x->w[i], false);
+    ck_assert_str_eq(m->type, "ERROR");
+    ck_assert_uint_eq(m->id, id);
+    ck_assert_str_eq(wv_get_str(m->hdr, "code"), "busy");
+    ck_assert_msg(strstr(wv_get_str(m->hdr, "message"), "--max-fetch-mb"), "%s", wv_get_str(m->hdr, "message"));
+    drop_msg(&m);
+}
+
+/* The bytes of FETCH answers read and not yet sent are bounded over all
+ * connections (--max-fetch-mb): within each connection's 16, a FETCH of
+ * a stored version, or of an upload's bytes that came, whose bytes would
+ * pass it is answered busy, naming the bound, and is served once answers
+ * were read; a FETCH parked on an upload is answered busy when its bytes
+ * come past the bound. Before, 64 connections of 16 answers of 4 MiB that
+ * nobody read held 4 GiB. */
+START_TEST(test_fetch_answers_on_their_way_to_all_connections_are_bounded_in_bytes_and_busy_beyond) {
+    box_t x;
+    char dir[] = "/tmp/reel-brk-upload.XXXXXX", sha[65], sha3[65];
+    upload_box_open(&x, dir, 0);
+    x.b.opt.max_fetch_bytes = 3 * 64;
+    unsigned char *bytes = pattern(2654435761u, 13, sha);
+    upload_acked(&x, 10, 2, sha, bytes, 0, UP_SIZE);
+    fetch_max(&x, 0, 100, 2, sha, 0, 64);
+    fetch_max(&x, 0, 101, 2, sha, 64, 64);
+    fetch_max(&x, 1, 200, 2, sha, 0, 64);
+    fetch_max(&x, 1, 201, 2, sha, 64, 64); /* 4 x 64 > 3 x 64 */
+    wire_msg_t *a = take(x.w[0], false), *b = take(x.w[0], false), *c = take(x.w[1], false);
+    ck_assert_str_eq(a->type, "FETCH_DATA");
+    ck_assert_str_eq(b->type, "FETCH_DATA");
+    ck_assert_str_eq(c->type, "FETCH_DATA");
+    expect_fetch_bytes_busy(&x, 1, 201);
+    ck_assert_uint_eq(atomic_load(&x.b.fetch_out_bytes), 3 * 64);
+    drop_msg(&a); /* read: its buffer goes, and room with it */
+    ck_assert_uint_eq(atomic_load(&x.b.fetch_out_bytes), 2 * 64);
+    fetch_max(&x, 1, 202, 2, sha, 64, 64);
+    expect_data(&x, 1, 202, bytes, 64, 64);
+    drop_msg(&b);
+    drop_msg(&c);
+    ck_assert_uint_eq(atomic_load(&x.b.fetch_out_bytes), 0);
+
+    /* an upload in progress: a FETCH of bytes that came past the bound is
+     * busy; one parked is answered busy when its bytes come past it */
+    unsigned char *bytes3 = pattern(40503u, 7, sha3);
+    wire_msg_t *up = upload_piece(&x, 11, 3, sha3, bytes3, 0, UP_PIECE);
+    drop_msg(&up);
+    fetch_max(&x, 0, 300, 3, sha3, 0, 64);
+    fetch_max(&x, 0, 301, 3, sha3, 64, 64);
+    fetch_max(&x, 0, 302, 3, sha3, 128, 64);
+    fetch_max(&x, 1, 400, 3, sha3, UP_PIECE, 64); /* parked: not come yet */
+    a = take(x.w[0], false);
+    b = take(x.w[0], false);
+    c = take(x.w[0], false);
+    ck_assert_str_eq(a->type, "FETCH_DATA");
+    fetch_max(&x, 0, 303, 3, sha3, 192, 64);
+    expect_fetch_bytes_busy(&x, 0, 303);
+    up = upload_piece(&x, 12, 3, sha3, bytes3, UP_PIECE, UP_PIECE);
+    ck_assert_str_eq(up->type, "UPLOAD_ACK");
+    drop_msg(&up);
+    expect_fetch_bytes_busy(&x, 1, 400);
+    drop_msg(&a);
+    drop_msg(&b);
+    drop_msg(&c);
+    fetch_max(&x, 1, 401, 3, sha3, UP_PIECE, 64); /* asked again with room: served */
+    expect_data(&x, 1, 401, bytes3, UP_PIECE, 64);
+    ck_assert_uint_eq(atomic_load(&x.b.fetch_out_bytes), 0);
+    free(bytes3);
+    free(bytes);
+    upload_box_close(&x, dir);
+}
+END_TEST
+
 /* A SYNC may name an upload still coming (docs/PROTOCOL.md, "Weights by
  * value"): a worker's FETCH of bytes that came is answered at once, one
  * of bytes still to come waits and is answered, whole, when they came:
@@ -5332,6 +5407,19 @@ START_TEST(test_pair_options_need_each_other) {
 }
 END_TEST
 
+/* --max-fetch-mb: 512 MiB unless given, never under one chunk (4 MiB: a
+ * smaller bound could never serve a FETCH of MSG_CHUNK_MAX). */
+START_TEST(test_max_fetch_mb_defaults_to_512_and_holds_at_least_one_chunk) {
+    brk_opts_t o;
+    ck_assert_int_eq(opts(&o, NULL), 0);
+    ck_assert_uint_eq(o.max_fetch_bytes, (uint64_t)512 << 20);
+    ck_assert_int_eq(opts(&o, "--max-fetch-mb", "3", NULL), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err()->msg, "--max-fetch-mb"));
+    ck_assert_int_eq(opts(&o, "--max-fetch-mb", "4", NULL), 0);
+    ck_assert_uint_eq(o.max_fetch_bytes, MSG_CHUNK_MAX);
+}
+END_TEST
+
 /* The request keys a standby remembers: a GEN by token and id, weights by
  * what they are. */
 START_TEST(test_a_standby_names_requests_by_client_token_and_weights) {
@@ -5593,6 +5681,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_uploads_need_a_weights_dir_and_a_sync_by_value_needs_the_upload);
     tcase_add_test(an, test_fetches_of_an_upload_still_coming_wait_for_whole_chunks_and_fail_with_it);
     tcase_add_test(an, test_a_connection_gets_at_most_16_fetch_answers_on_their_way_and_busy_beyond);
+    tcase_add_test(an, test_fetch_answers_on_their_way_to_all_connections_are_bounded_in_bytes_and_busy_beyond);
     tcase_add_test(an, test_weights_keep_removes_older_versions_and_finishes_a_cut_short_removal);
     tcase_add_test(an, test_a_removed_version_s_file_is_written_over_by_the_next_upload);
     tcase_add_test(an, test_a_chunk_workers_wait_for_goes_to_them_as_it_came);
@@ -5621,6 +5710,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(se, test_without_keys_the_gate_admits_everyone_and_the_sender_is_none);
     tcase_add_test(se, test_the_standby_pair_rule_never_makes_a_second_active_broker_while_the_peer_is_heard);
     tcase_add_test(se, test_pair_options_need_each_other);
+    tcase_add_test(se, test_max_fetch_mb_defaults_to_512_and_holds_at_least_one_chunk);
     tcase_add_test(se, test_a_standby_copies_the_peers_upload_resuming_a_stall_and_stopping_a_replaced_one);
     tcase_add_test(se, test_a_standby_names_requests_by_client_token_and_weights);
     suite_add_tcase(s, se);

@@ -1,0 +1,40 @@
+#!/bin/sh
+# cli_hoard.sh -- peers that make the daemons hold memory for them and
+# never let it go: each bound holds, past it the peer is answered busy,
+# and the daemons go on serving the others. A real reel-broker and
+# reel-worker over ipc (tests/hoard_peer.py plays the peers):
+#   1. FETCH answers nobody reads (--max-fetch-mb): 8 worker-socket
+#      connections ask 16 FETCHes of 4 MiB each and read nothing (512 MiB
+#      of answers without the bound); the broker holds at most the bound,
+#      answers the rest busy naming it, and a real worker's fetch begun
+#      meanwhile completes once they go.
+# Usage: cli_hoard.sh BUILD
+set -u
+B="${1:-build}"
+R="$B/reelctl"
+PY=/usr/bin/python3
+D=$(mktemp -d /tmp/reel-hoard.XXXXXX)
+SUITE=hoard
+. "$(dirname "$0")/lib_cli.sh"
+T=$(dirname "$0")
+
+"$R" weights init --config tiny --seed 1 --out "$D/w.safetensors" 2>/dev/null &&
+    "$R" weights init --config tiny --seed 2 --out "$D/w2.safetensors" 2>/dev/null ||
+    { bad "tiny weights"; finish; }
+
+# ---- 1. FETCH answers nobody reads ----
+mkdir -p "$D/up"
+cli_broker "$D/broker.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "" --heartbeat-ms 200 \
+    --weights-dir "$D/up" --max-fetch-mb 32 || { bad "broker starts"; finish; }
+cli_worker w1 "$D/broker.log" "$D/w1.log" --broker "ipc://$D/w" --weights "$D/w.safetensors" --heartbeat-ms 200 \
+    --streams 1 || { bad "worker registers"; finish; }
+timeout -k 5 220 $PY "$T/hoard_peer.py" fetch --clients "ipc://$D/c" --workers "ipc://$D/w" --pid "$BROKER" \
+    --bound-mb 32 --sync "$R" sync --broker "ipc://$D/c" --version 2 --upload "$D/w2.safetensors" \
+    --timeout-ms 100000 >"$D/fetch.out" 2>&1
+py_checks "$D/fetch.out" $?
+grep -q "applied transformer v2" "$D/w1.log" && ok "the real worker applied the version it fetched" ||
+    { bad "the real worker applied v2"; show "$D/w1.log"; }
+gone "$BROKER" && { bad "the broker is still running"; show "$D/broker.log"; } || ok "the broker is still running"
+stop_proc "$WORKER" || bad "the worker stops on SIGTERM"
+stop_proc "$BROKER" && ok "the broker stops cleanly (exit 0)" || { bad "the broker stops cleanly"; show "$D/broker.log"; }
+finish

@@ -1,0 +1,202 @@
+"""hoard_peer.py -- peers that make a daemon hold memory for them, for
+tests/cli_hoard.sh.
+
+    hoard_peer.py fetch --clients EP --workers EP --pid BROKER_PID --bound-mb N
+                        [--conns 8] [--per 16] [--sync CMD...]
+
+`fetch`: stores 8 MiB as transformer v99 (an UPLOAD on the client socket),
+then opens --conns connections to the worker socket that each ask --per
+FETCHes of 4 MiB of it and read nothing (a receive queue of one message:
+what ZeroMQ and the kernel hold for them stays small, the rest waits in
+the broker). Without a bound over all connections the broker reads and
+holds every answer (8 x 16 x 4 MiB = 512 MiB); with --max-fetch-mb N it
+holds at most N MiB and answers the rest busy, naming the bound. Checks:
+  - a FETCH from another connection meanwhile is answered busy, naming
+    --max-fetch-mb;
+  - the broker's peak resident memory (VmHWM) grew by less than N + 64
+    MiB over the whole attack (skipped under ASan, whose quarantine keeps
+    what was freed);
+  - once they read, every FETCH had its answer, fewer than half of them
+    data, the others busy naming --max-fetch-mb;
+  - with --sync, CMD (a reelctl sync --upload that a real worker must
+    fetch) started while they hold, then they go: it exits 0.
+
+Prints one PASS/FAIL line per check (tests/lib_cli.sh py_checks), exit 0.
+"""
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import time
+
+import msgpack
+import zmq
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_guard import done, guard  # noqa: E402
+
+PROTO = "reel/1"
+MiB = 1 << 20
+
+
+def say(ok, what):
+    print(("PASS " if ok else "FAIL ") + what)
+    sys.stdout.flush()
+
+
+def pack(hdr, tensors=()):
+    hdr = dict(hdr)
+    hdr.setdefault("proto", PROTO)
+    frames = []
+    if tensors:
+        hdr["tensors"] = []
+        for name, dtype, shape, data in tensors:
+            hdr["tensors"].append({"name": name, "dtype": dtype, "shape": list(shape), "bytes": len(data)})
+            frames.append(data)
+    return [msgpack.packb(hdr, use_bin_type=True)] + frames
+
+
+def header(frames):
+    return msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
+
+
+def recv(sock, secs):
+    """The next message on sock within secs: (header, frames), or None."""
+    if not sock.poll(int(secs * 1000)):
+        return None
+    fr = sock.recv_multipart()
+    return header(fr), fr
+
+
+def vm_hwm_kb(pid):
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return -1
+
+
+def dealer(ctx, ep, rcvhwm=None):
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDTIMEO, 5000)
+    if rcvhwm is not None:
+        s.setsockopt(zmq.RCVHWM, rcvhwm)
+        s.setsockopt(zmq.RCVBUF, 4096)
+    s.connect(ep)
+    return s
+
+
+def run_fetch(a):
+    ctx = zmq.Context.instance()
+    trainer = dealer(ctx, a.clients)
+    data = os.urandom(8 * MiB)
+    sha = hashlib.sha256(data).hexdigest()
+    ack = None
+    for k, off in enumerate(range(0, len(data), 4 * MiB)):
+        chunk = data[off:off + 4 * MiB]
+        trainer.send_multipart(pack({"type": "UPLOAD", "id": 10 + k, "component": "transformer", "version": 99,
+                                     "sha256": sha, "size": len(data), "offset": off},
+                                    [("chunk", "U8", (len(chunk),), chunk)]))
+        ack = recv(trainer, 30)
+        if ack is None or ack[0].get("type") != "UPLOAD_ACK":
+            break
+    say(ack is not None and ack[0].get("complete") is True,
+        f"8 MiB are stored as transformer v99 ({ack[0] if ack else 'no answer'})")
+    if ack is None or ack[0].get("complete") is not True:
+        done(0)
+    fetch = {"type": "FETCH", "component": "transformer", "version": 99, "sha256": sha, "offset": 0,
+             "max": 4 * MiB}
+    hwm0 = vm_hwm_kb(a.pid)
+
+    hoarders = [dealer(ctx, a.workers, rcvhwm=1) for _ in range(a.conns)]
+    for i, h in enumerate(hoarders):
+        for k in range(a.per):
+            h.send_multipart(pack(dict(fetch, id=1000 * (i + 1) + k)))
+
+    # another connection asks for one byte until it is told the bound is
+    # reached (the hoarders' FETCHes were sent first)
+    probe = dealer(ctx, a.workers)
+    told, last = None, None
+    end = time.monotonic() + 30
+    pid = 1
+    while told is None and time.monotonic() < end:
+        probe.send_multipart(pack(dict(fetch, id=pid, max=1)))
+        m = recv(probe, 5)
+        if m is not None:
+            last = m[0]
+            if last.get("code") == "busy" and "--max-fetch-mb" in str(last.get("message", "")):
+                told = last
+        pid += 1
+    say(told is not None, f"while {a.conns} connections hold their answers unread, another connection's FETCH is "
+        f"answered busy naming --max-fetch-mb ({told or last})")
+
+    sync = None
+    if a.sync:
+        sync = subprocess.Popen(a.sync, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    hwm1 = vm_hwm_kb(a.pid)
+    # they read now: what each got, in its order
+    data_n, busy_n, other = 0, 0, []
+    for h in hoarders:
+        for _ in range(a.per):
+            m = recv(h, 60)
+            if m is None:
+                other.append("no answer")
+                break
+            hdr = m[0]
+            if hdr.get("type") == "FETCH_DATA":
+                data_n += 1
+            elif hdr.get("code") == "busy" and "--max-fetch-mb" in str(hdr.get("message", "")):
+                busy_n += 1
+            else:
+                other.append(f"{hdr.get('type')} {hdr.get('code', '')} {str(hdr.get('message', ''))[:120]}")
+    total = a.conns * a.per
+    hwm2 = vm_hwm_kb(a.pid)
+    grew = (max(hwm1, hwm2) - hwm0) / 1024.0
+    if os.environ.get("ASAN_OPTIONS"):
+        print(f"  (the broker's peak resident memory grew by {grew:.0f} MiB: not judged under ASan)")
+    else:
+        say(0 <= grew < a.bound_mb + 64, f"the broker's peak resident memory grew by {grew:.0f} MiB under "
+            f"{total} FETCHes of 4 MiB nobody read (under --max-fetch-mb {a.bound_mb} + 64)")
+    say(data_n + busy_n == total and data_n < total // 2 and busy_n > 0,
+        f"every one of the {total} FETCHes was answered: {data_n} with data, {busy_n} busy naming --max-fetch-mb"
+        + (f"; others: {other[:3]}" if other else ""))
+    for h in hoarders:
+        h.close(linger=0)
+    probe.close(linger=0)
+
+    if sync is not None:
+        try:
+            out, _ = sync.communicate(timeout=120)
+            rc = sync.returncode
+        except subprocess.TimeoutExpired:
+            sync.kill()
+            out, rc = sync.communicate()[0], "timeout"
+        text = out.decode(errors="replace").strip().splitlines()
+        say(rc == 0, f"a real worker's fetch begun while they held the bound completes once they go "
+            f"(exit {rc}: {text[-1] if text else ''})")
+    done(0, trainer)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="mode", required=True)
+    f = sub.add_parser("fetch")
+    f.add_argument("--clients", required=True)
+    f.add_argument("--workers", required=True)
+    f.add_argument("--pid", type=int, required=True)
+    f.add_argument("--bound-mb", type=int, required=True)
+    f.add_argument("--conns", type=int, default=8)
+    f.add_argument("--per", type=int, default=16)
+    f.add_argument("--sync", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    guard(200)
+    if a.mode == "fetch":
+        run_fetch(a)
+
+
+if __name__ == "__main__":
+    main()
