@@ -211,7 +211,11 @@ typedef struct {
 } brk_member_t;
 
 /* Who asked for a barrier's SYNC_DONE (a trainer resending a SYNC still
- * running joins it instead of starting another). */
+ * running joins it instead of starting another). A resend of the same
+ * (identity, id) is one of them already; past BRK_SYNC_TRAINERS_MAX a
+ * resend is answered busy: a barrier may wait for an upload for ever, and
+ * each resend would otherwise add one, and one SYNC_DONE at its end. */
+#define BRK_SYNC_TRAINERS_MAX 64
 typedef struct {
     brk_ident_t ident;
     uint64_t id;

@@ -170,6 +170,8 @@ static int check_barrier(const brk_t *b, const brk_barrier_t *s) {
     const char *c = s->component;
     unsigned long long v = (unsigned long long)s->version;
     if (s->n_trainers < 1 || !s->trainers) BROKEN("barrier %s v%llu answers no trainer", c, v);
+    if (s->n_trainers > BRK_SYNC_TRAINERS_MAX)
+        BROKEN("barrier %s v%llu answers %d trainers, past %d", c, v, s->n_trainers, BRK_SYNC_TRAINERS_MAX);
     if (s->n < 0 || (s->n > 0 && !s->m)) BROKEN("barrier %s v%llu: %d members and no array", c, v, s->n);
     if (s->sync && (s->sync->version != s->version || strcmp(s->sync->component, c)))
         BROKEN("barrier %s v%llu holds the SYNC of %s v%llu", c, v, s->sync->component,

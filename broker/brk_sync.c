@@ -727,13 +727,24 @@ static void maybe_hold(brk_t *b, brk_barrier_t *s) {
 static void on_resend(brk_t *b, const zmq_msg_t *from, uint64_t id, brk_barrier_t *running, brk_current_t *cur,
                       uint64_t deadline) {
     if (running) {
+        brk_ident_t who;
+        brk_ident_from(&who, from);
+        for (int k = 0; k < running->n_trainers; k++)
+            if (running->trainers[k].id == id && brk_ident_eq(&running->trainers[k].ident, &who))
+                return; /* the same SYNC again: its one answer comes with the barrier's */
+        if (running->n_trainers >= BRK_SYNC_TRAINERS_MAX) {
+            brk_error_to(b, false, from, id, WIRE_E_BUSY, "SYNC: %d resends of %s v%llu already wait for its "
+                         "barrier, the most it answers: ask again once it ends", BRK_SYNC_TRAINERS_MAX,
+                         running->component, (unsigned long long)running->version);
+            return;
+        }
         brk_trainer_t *t = realloc(running->trainers, (size_t)(running->n_trainers + 1) * sizeof *t);
         if (!t) {
             brk_error_to(b, false, from, id, WIRE_E_INTERNAL, "broker out of memory");
             return;
         }
         running->trainers = t;
-        brk_ident_from(&t[running->n_trainers].ident, from);
+        t[running->n_trainers].ident = who;
         t[running->n_trainers++].id = id;
         brk_log("sync %s v%llu resent while its barrier runs: answered with it", running->component,
                 (unsigned long long)running->version);

@@ -7,7 +7,11 @@
 #      connections ask 16 FETCHes of 4 MiB each and read nothing (512 MiB
 #      of answers without the bound); the broker holds at most the bound,
 #      answers the rest busy naming it, and a real worker's fetch begun
-#      meanwhile completes once they go.
+#      meanwhile completes once they go;
+#   2. resends of a SYNC whose barrier waits for its upload: a trainer
+#      sends it again 1,000 times under new ids; 63 join the barrier, the
+#      rest are answered busy, and at its end the SYNC and those 63 get
+#      one SYNC_DONE each.
 # Usage: cli_hoard.sh BUILD
 set -u
 B="${1:-build}"
@@ -34,6 +38,15 @@ timeout -k 5 220 $PY "$T/hoard_peer.py" fetch --clients "ipc://$D/c" --workers "
 py_checks "$D/fetch.out" $?
 grep -q "applied transformer v2" "$D/w1.log" && ok "the real worker applied the version it fetched" ||
     { bad "the real worker applied v2"; show "$D/w1.log"; }
+
+# ---- 2. resends of a SYNC waiting for its upload ----
+"$R" weights init --config tiny --seed 3 --out "$D/w3.safetensors" 2>/dev/null || bad "tiny weights v3"
+timeout -k 5 220 $PY "$T/hoard_peer.py" resend --clients "ipc://$D/c" --weights "$D/w3.safetensors" --version 3 \
+    >"$D/resend.out" 2>&1
+py_checks "$D/resend.out" $?
+grep -q "applied transformer v3" "$D/w1.log" && ok "the real worker applied v3" ||
+    { bad "the real worker applied v3"; show "$D/w1.log"; }
+
 gone "$BROKER" && { bad "the broker is still running"; show "$D/broker.log"; } || ok "the broker is still running"
 stop_proc "$WORKER" || bad "the worker stops on SIGTERM"
 stop_proc "$BROKER" && ok "the broker stops cleanly (exit 0)" || { bad "the broker stops cleanly"; show "$D/broker.log"; }

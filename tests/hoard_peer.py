@@ -21,6 +21,14 @@ holds at most N MiB and answers the rest busy, naming the bound. Checks:
   - with --sync, CMD (a reelctl sync --upload that a real worker must
     fetch) started while they hold, then they go: it exits 0.
 
+`resend`: uploads the first 256 KiB of FILE as transformer VERSION and
+sends its SYNC (its barrier then waits for the rest of the upload), then
+sends the SYNC again N times under new ids, and under its own id too.
+Checks: all but 64 of the new ids are answered busy naming the barrier's
+bound, at once; once the rest of the upload comes and the worker applies
+it, the first SYNC and 63 resends get one SYNC_DONE each, complete, and
+nothing more comes.
+
 Prints one PASS/FAIL line per check (tests/lib_cli.sh py_checks), exit 0.
 """
 
@@ -181,6 +189,82 @@ def run_fetch(a):
     done(0, trainer)
 
 
+def run_resend(a):
+    ctx = zmq.Context.instance()
+    trainer = dealer(ctx, a.clients)
+    data = open(a.weights, "rb").read()
+    sha = hashlib.sha256(data).hexdigest()
+    piece = 256 << 10
+
+    def upload(off, rid):
+        chunk = data[off:off + piece]
+        trainer.send_multipart(pack({"type": "UPLOAD", "id": rid, "component": "transformer", "version": a.version,
+                                     "sha256": sha, "size": len(data), "offset": off},
+                                    [("chunk", "U8", (len(chunk),), chunk)]))
+        while True:
+            m = recv(trainer, 30)
+            if m is None or m[0].get("id") == rid:
+                return m
+
+    m = upload(0, 10)
+    say(m is not None and m[0].get("received") == piece, f"the first 256 KiB of v{a.version} are taken "
+        f"({m[0] if m else 'no answer'})")
+    sync = {"type": "SYNC", "component": "transformer", "version": a.version, "sha256": sha, "uploaded": True,
+            "deadline_ms": 60000}
+    trainer.send_multipart(pack(dict(sync, id=1)))
+    for _ in range(3):
+        trainer.send_multipart(pack(dict(sync, id=1)))
+    for k in range(a.n):
+        trainer.send_multipart(pack(dict(sync, id=100 + k)))
+    busy, other = set(), []
+    end = time.monotonic() + 30
+    while len(busy) < a.n - 63 and time.monotonic() < end:
+        m = recv(trainer, max(0.0, end - time.monotonic()))
+        if m is None:
+            break
+        h = m[0]
+        if h.get("code") == "busy" and "already wait for its barrier" in str(h.get("message", "")):
+            busy.add(h.get("id"))
+        else:
+            other.append(f"{h.get('type')} {h.get('id')} {h.get('code', '')} {str(h.get('message', ''))[:100]}")
+    say(len(busy) == a.n - 63 and not other, f"{len(busy)} of {a.n} resends of a SYNC waiting for its upload are "
+        f"answered busy naming the barrier's bound, nothing else yet ({other[:3]})")
+
+    off, rid, last = piece, 11, None
+    while off < len(data):
+        last = upload(off, rid)
+        off, rid = off + piece, rid + 1
+    say(last is not None and last[0].get("complete") is True, "the rest of the upload comes")
+    done_ids, other = [], []
+    end = time.monotonic() + 60
+    while len(done_ids) < 64 and time.monotonic() < end:
+        m = recv(trainer, max(0.0, end - time.monotonic()))
+        if m is None:
+            break
+        h = m[0]
+        if h.get("type") == "SYNC_DONE" and h.get("complete") and h.get("applied") == ["w1"]:
+            done_ids.append(h.get("id"))
+        else:
+            other.append(f"{h.get('type')} {h.get('id')} {h.get('code', '')} {str(h.get('message', ''))[:100]}")
+    # the broker answers one connection in order: whatever else the barrier
+    # sent comes before the answer to a STATUS sent now
+    trainer.send_multipart(pack({"type": "STATUS", "id": 7}))
+    while True:
+        m = recv(trainer, 30)
+        if m is None or m[0].get("type") == "STATUS_REPLY":
+            break
+        h = m[0]
+        if h.get("type") == "SYNC_DONE":
+            done_ids.append(h.get("id"))
+        else:
+            other.append(f"{h.get('type')} {h.get('id')} {h.get('code', '')}")
+    want = [1] + [100 + k for k in range(a.n) if 100 + k not in busy]
+    say(sorted(done_ids) == sorted(want) and len(want) == 64 and not other and m is not None,
+        f"the SYNC and the 63 resends taken get one SYNC_DONE each, complete, applied by w1, and nothing more "
+        f"({len(done_ids)} SYNC_DONEs; {other[:3]})")
+    done(0, trainer)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -192,10 +276,17 @@ def main():
     f.add_argument("--conns", type=int, default=8)
     f.add_argument("--per", type=int, default=16)
     f.add_argument("--sync", nargs=argparse.REMAINDER)
+    r = sub.add_parser("resend")
+    r.add_argument("--clients", required=True)
+    r.add_argument("--weights", required=True)
+    r.add_argument("--version", type=int, required=True)
+    r.add_argument("--n", type=int, default=1000)
     a = ap.parse_args()
     guard(200)
     if a.mode == "fetch":
         run_fetch(a)
+    else:
+        run_resend(a)
 
 
 if __name__ == "__main__":

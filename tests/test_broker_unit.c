@@ -1161,6 +1161,42 @@ START_TEST(test_resending_a_pending_version_joins_its_barrier) {
 }
 END_TEST
 
+/* A barrier answers at most BRK_SYNC_TRAINERS_MAX resends: the same
+ * SYNC again (identity and id) is one of them already, and a resend past
+ * the bound is answered busy naming it; the ones taken each get their
+ * SYNC_DONE at the end. Before, every resend while the barrier ran (a
+ * barrier waits for an upload for ever) added a trainer and, at the end,
+ * a SYNC_DONE. */
+START_TEST(test_resends_joining_a_barrier_are_bounded_and_busy_beyond) {
+    box_t x;
+    box_open(&x);
+    ready(&x, 0, 1);
+    trainer_sync(&x, 1, 2, SHA_A);
+    expect_sync(&x, 0, 2);
+    for (int k = 0; k < 3; k++) trainer_sync(&x, 1, 2, SHA_A); /* the same SYNC again: one answer */
+    for (uint64_t id = 2; id <= BRK_SYNC_TRAINERS_MAX + 5; id++) trainer_sync(&x, id, 2, SHA_A);
+    ck_assert_int_eq(x.b.barriers->n_trainers, BRK_SYNC_TRAINERS_MAX);
+    for (uint64_t id = BRK_SYNC_TRAINERS_MAX + 1; id <= BRK_SYNC_TRAINERS_MAX + 5; id++) {
+        wire_msg_t *d = answer(&x);
+        ck_assert_uint_eq(d->id, id);
+        ck_assert_str_eq(d->type, "ERROR");
+        ck_assert_str_eq(wv_get_str(d->hdr, "code"), "busy");
+        ck_assert_ptr_nonnull(strstr(wv_get_str(d->hdr, "message"), "already wait for its barrier"));
+        drop_msg(&d);
+    }
+    ck_assert(!has_msg(x.w[0], "SYNC")); /* not loaded again */
+    ack(&x, 0, 2, NULL);
+    for (uint64_t id = 1; id <= BRK_SYNC_TRAINERS_MAX; id++) {
+        wire_msg_t *d = answer(&x);
+        ck_assert_uint_eq(d->id, id);
+        ck_assert(done_complete(d));
+        drop_msg(&d);
+    }
+    ck_assert(!has_msg(x.trainer, "SYNC_DONE"));
+    box_close(&x);
+}
+END_TEST
+
 START_TEST(test_a_worker_silent_past_the_deadline_lags_and_a_late_ack_catches_it_up) {
     box_t x;
     box_open(&x);
@@ -5632,6 +5668,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(sy, test_a_sync_with_no_live_worker_fails_and_is_not_current);
     tcase_add_test(sy, test_resending_the_current_version_acks_and_retries_only_lagging_workers);
     tcase_add_test(sy, test_resending_a_pending_version_joins_its_barrier);
+    tcase_add_test(sy, test_resends_joining_a_barrier_are_bounded_and_busy_beyond);
     tcase_add_test(sy, test_a_worker_silent_past_the_deadline_lags_and_a_late_ack_catches_it_up);
     tcase_add_test(sy, test_a_worker_that_reports_the_version_at_ready_is_asked_and_its_ok_makes_it_current);
     tcase_add_test(sy, test_a_first_sync_at_the_workers_startup_version_with_other_weights_fails_on_their_stale);
