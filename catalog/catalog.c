@@ -182,6 +182,10 @@ cat_t *cat_open(const char *path, bool readonly) {
     if (enable_wal(c) != 0) goto err;
     if (cat_exec(c, "PRAGMA synchronous=NORMAL", "synchronous=NORMAL") != 0) goto err;
     if (cat_exec(c, "PRAGMA foreign_keys=OFF", "foreign_keys=OFF") != 0) goto err;
+    /* the writer's page cache: 32 MiB, not SQLite's 2 MiB (each request
+     * goes in at a random page of the capture-key index: docs/BENCH.md
+     * "Catalog after a busy day"); readers keep the default */
+    if (cat_exec(c, "PRAGMA cache_size=-32768", "cache_size") != 0) goto err;
     if (migrate(c) != 0) goto err;
     return c;
 err:
