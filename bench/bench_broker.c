@@ -304,31 +304,71 @@ static lat_t latency(const target_t *x, int n, const int64_t ls[4], const float 
     return r;
 }
 
-/* CPU seconds all threads of process pid used so far (schedstat, ns). */
-static double cpu_seconds(pid_t pid) {
+/* CPU seconds the threads of process pid used so far (schedstat, ns), in
+ * all and by thread name (comm: the broker's main thread, its catalog
+ * writer, ZeroMQ's I/O thread, ...), up to CPU_NAMES names. */
+#define CPU_NAMES 6
+typedef struct {
+    double total;
+    int n;
+    char name[CPU_NAMES][20];
+    double s[CPU_NAMES];
+} cpu_t;
+
+static cpu_t cpu_seconds(pid_t pid) {
+    cpu_t c;
+    memset(&c, 0, sizeof c);
     char path[300];
     snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
     DIR *d = opendir(path);
-    if (!d) return 0;
-    double total = 0;
+    if (!d) return c;
     for (struct dirent *e; (e = readdir(d));) {
         if (e->d_name[0] == '.') continue;
         snprintf(path, sizeof path, "/proc/%d/task/%.64s/schedstat", (int)pid, e->d_name);
         FILE *f = fopen(path, "r");
         unsigned long long ns;
-        if (f && fscanf(f, "%llu", &ns) == 1) total += (double)ns * 1e-9;
-        if (f) fclose(f);
+        if (!f || fscanf(f, "%llu", &ns) != 1) {
+            if (f) fclose(f);
+            continue;
+        }
+        fclose(f);
+        c.total += (double)ns * 1e-9;
+        char comm[20] = "?";
+        snprintf(path, sizeof path, "/proc/%d/task/%.64s/comm", (int)pid, e->d_name);
+        if ((f = fopen(path, "r"))) {
+            if (fgets(comm, sizeof comm, f)) comm[strcspn(comm, "\n")] = 0;
+            fclose(f);
+        }
+        int k = 0;
+        while (k < c.n && strcmp(c.name[k], comm)) k++;
+        if (k == c.n && c.n < CPU_NAMES) snprintf(c.name[c.n++], sizeof c.name[0], "%s", comm);
+        if (k < c.n) c.s[k] += (double)ns * 1e-9;
     }
     closedir(d);
-    return total;
+    return c;
+}
+
+/* after - before per request, by name, into out ("" when pid had one thread). */
+static void cpu_split(const cpu_t *before, const cpu_t *after, int n, char *out, size_t cap) {
+    out[0] = 0;
+    if (after->n < 2) return;
+    size_t at = 0;
+    for (int k = 0; k < after->n && at < cap; k++) {
+        double was = 0;
+        for (int j = 0; j < before->n; j++)
+            if (!strcmp(before->name[j], after->name[k])) was = before->s[j];
+        at += (size_t)snprintf(out + at, cap - at, "%s%s %.1f", k ? ", " : "", after->name[k],
+                               (after->s[k] - was) / n * 1e6);
+    }
 }
 
 /* Requests per second with `window` requests in flight; *cpu (when not
  * NULL) gets the target process's CPU time per request. */
-static double throughput(const target_t *x, int n, int window, const int64_t ls[4], double *cpu) {
+static double throughput(const target_t *x, int n, int window, const int64_t ls[4], double *cpu, char *split,
+                         size_t split_cap) {
     static wire_msg_t m;
     int sent = 0, got = 0;
-    double c0 = cpu ? cpu_seconds(x->pid) : 0;
+    cpu_t c0 = cpu ? cpu_seconds(x->pid) : (cpu_t){ 0 };
     double t0 = bench_now();
     while (got < n) {
         while (sent < n && sent - got < window) send_gen(x->sock, 5000000 + (uint64_t)sent++, ls, NULL);
@@ -340,13 +380,18 @@ static double throughput(const target_t *x, int n, int window, const int64_t ls[
         wire_msg_close(&m);
     }
     double rate = n / (bench_now() - t0);
-    if (cpu) *cpu = (cpu_seconds(x->pid) - c0) / n;
+    if (cpu) {
+        cpu_t c1 = cpu_seconds(x->pid);
+        *cpu = (c1.total - c0.total) / n;
+        if (split) cpu_split(&c0, &c1, n, split, split_cap);
+    }
     return rate;
 }
 
 /* One rep's numbers for one target. */
 typedef struct {
     double p50, p99, w1, w8, w32, cpu32, big, big_faults, big_faults_max;
+    char cpu32_split[160]; /* cpu32 by thread name, us */
 } rep_t;
 
 static const int64_t SMALL[4] = { 4, 2, 8, 8 }, BIG[4] = { 16, 16, 128, 128 }; /* 16 MiB */
@@ -357,8 +402,8 @@ static rep_t measure(const target_t *x, const float *lat) {
     r.p50 = l.p50;
     r.p99 = l.p99;
     r.w1 = l.rate;
-    r.w8 = throughput(x, N_TPUT, 8, SMALL, NULL);
-    r.w32 = throughput(x, N_TPUT, 32, SMALL, &r.cpu32);
+    r.w8 = throughput(x, N_TPUT, 8, SMALL, NULL, NULL, 0);
+    r.w32 = throughput(x, N_TPUT, 32, SMALL, &r.cpu32, r.cpu32_split, sizeof r.cpu32_split);
     double faults[N_BIG];
     r.big = latency(x, N_BIG, BIG, lat, faults).p50;
     r.big_faults = bench_median(faults, N_BIG);
@@ -366,6 +411,7 @@ static rep_t measure(const target_t *x, const float *lat) {
     printf("  %-9s p50 %7.1f us  p99 %7.1f us  w1 %6.0f  w8 %6.0f  w32 %6.0f req/s (%.1f us CPU/req)  16 MiB %6.2f ms"
            " (faults/req median %.0f, max %.0f)\n",
            x->name, r.p50 * 1e6, r.p99 * 1e6, r.w1, r.w8, r.w32, r.cpu32 * 1e6, r.big * 1e3, r.big_faults, r.big_faults_max);
+    if (r.cpu32_split[0]) printf("            CPU/req at window 32 by thread (us): %s\n", r.cpu32_split);
     fflush(stdout);
     return r;
 }
