@@ -37,26 +37,9 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peer_guard import done, guard  # noqa: E402
+from peer_wire import PROTO, pack, say  # noqa: E402
 
-PROTO = "reel/1"
 CTX = np.random.default_rng(5).standard_normal((5, 32)).astype(np.float32)
-
-
-def say(ok, what):
-    print(("PASS " if ok else "FAIL ") + what)
-    sys.stdout.flush()
-
-
-def pack(hdr, tensors=()):
-    hdr = dict(hdr)
-    hdr.setdefault("proto", PROTO)
-    frames = []
-    if tensors:
-        hdr["tensors"] = []
-        for name, dtype, shape, data in tensors:
-            hdr["tensors"].append({"name": name, "dtype": dtype, "shape": list(shape), "bytes": len(data)})
-            frames.append(data)
-    return [msgpack.packb(hdr, use_bin_type=True)] + frames
 
 
 def unpack(frames):

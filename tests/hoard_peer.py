@@ -44,26 +44,9 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peer_guard import done, guard  # noqa: E402
+from peer_wire import pack, say  # noqa: E402
 
-PROTO = "reel/1"
 MiB = 1 << 20
-
-
-def say(ok, what):
-    print(("PASS " if ok else "FAIL ") + what)
-    sys.stdout.flush()
-
-
-def pack(hdr, tensors=()):
-    hdr = dict(hdr)
-    hdr.setdefault("proto", PROTO)
-    frames = []
-    if tensors:
-        hdr["tensors"] = []
-        for name, dtype, shape, data in tensors:
-            hdr["tensors"].append({"name": name, "dtype": dtype, "shape": list(shape), "bytes": len(data)})
-            frames.append(data)
-    return [msgpack.packb(hdr, use_bin_type=True)] + frames
 
 
 def header(frames):

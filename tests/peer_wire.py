@@ -1,0 +1,28 @@
+"""peer_wire.py -- what the raw test peers (adversarial_peers.py,
+hoard_peer.py) share: a check's line, and a message's frames as
+docs/PROTOCOL.md lays them out (a msgpack header, then one frame per
+tensor that its `tensors` entries describe)."""
+
+import sys
+
+import msgpack
+
+PROTO = "reel/1"
+
+
+def say(ok, what):
+    print(("PASS " if ok else "FAIL ") + what)
+    sys.stdout.flush()
+
+
+def pack(hdr, tensors=()):
+    """hdr (proto added when absent) and tensors [(name, dtype, shape, bytes)] as frames."""
+    hdr = dict(hdr)
+    hdr.setdefault("proto", PROTO)
+    frames = []
+    if tensors:
+        hdr["tensors"] = []
+        for name, dtype, shape, data in tensors:
+            hdr["tensors"].append({"name": name, "dtype": dtype, "shape": list(shape), "bytes": len(data)})
+            frames.append(data)
+    return [msgpack.packb(hdr, use_bin_type=True)] + frames
