@@ -40,7 +40,7 @@ typedef struct {
     brk_fetch_peer_t *peer;          /* NULL: not counted per connection */
     atomic_uint_fast64_t *out_bytes; /* brk_t.fetch_out_bytes */
     uint64_t n;
-    _Alignas(64) unsigned char data[];
+    _Alignas(16) unsigned char data[]; /* (malloc aligns to 16: no more may be asked of it) */
 } out_buf_t;
 
 /* ZeroMQ is done with an answer's buffer (its I/O thread, or the routing
