@@ -17,8 +17,9 @@ answer a real client's tiny GEN bitwise as at the start, never hand a
 client a garbage RESULT, and log (or count) what it refused.
 
 `worker`: a fake broker (a ROUTER the reel-worker connects to) sends the
-worker malformed REQUESTs, SYNCs of missing, foreign, mismatched or
-outside files, CANCELs of unknown ids, duplicate ids and unknown types;
+worker malformed REQUESTs, more REQUESTs than it may hold, SYNCs of
+missing, foreign, mismatched or outside files, CANCELs of unknown ids,
+duplicate ids and unknown types;
 each must be answered as docs/PROTOCOL.md says, and a valid REQUEST
 afterwards must give the bitwise result it gave first.
 
@@ -515,6 +516,7 @@ def run_worker(a):
     say(m is not None, "the worker registers with the fake broker")
     if m is None:
         done(0, None)
+    max_inflight = int(m[0].get("max_inflight") or 1)
     fb.send({"type": "HEARTBEAT"})
     ids = iter(range(100, 1 << 30))
 
@@ -619,6 +621,36 @@ def run_worker(a):
             got.append(m)
     say(len(got) == 2 and all(g[0]["type"] == "RESULT" and g[1]["latent"][2] == base for g in got),
         f"two REQUESTs of one id are each answered bitwise ({[why(g) for g in got]})")
+
+    # A broker that ignores max_inflight: the worker holds at most 4 x its
+    # max_inflight REQUESTs; each one past that is answered busy at once,
+    # and the held ones run on (long ones here: none ends before the
+    # answers are counted), then end when cancelled. Before: every one was
+    # taken, each holding its tensors, as many as the broker sent.
+    most, extra = 4 * max_inflight, 3
+    rids = [next(ids) for _ in range(most + extra)]
+    for rid in rids:
+        fb.send(request_hdr(rid, steps=10000, latent_shape=[4, 1, 32, 32]), ctx_tensors())
+    answers = []
+    for _ in range(extra):
+        m = fb.wait(lambda h, t: h.get("id") in rids and h.get("type") in ("RESULT", "ERROR"), 30)
+        if m:
+            answers.append(m)
+    answers += [g for g in fb.drain(0.5) if g[0].get("id") in rids and g[0].get("type") in ("RESULT", "ERROR")]
+    refused = sorted(h["id"] for h, _ in answers if h["type"] == "ERROR" and h.get("code") == "busy")
+    say(refused == rids[most:] and len(answers) == extra and all(f"holds {most} requests" in h.get("message", "")
+                                                                 for h, _ in answers),
+        f"{most + extra} REQUESTs to a worker of max_inflight {max_inflight}: the {extra} past {most} are answered "
+        f"busy, the rest held ({[why(g) for g in answers]})")
+    for rid in rids[:most]:
+        fb.send({"type": "CANCEL", "id": rid})
+    ended = []
+    for _ in range(most):
+        m = fb.wait(lambda h, t: h.get("id") in rids[:most] and h.get("type") in ("RESULT", "ERROR"), 60)
+        if m:
+            ended.append(m)
+    say(len(ended) == most and all(h["type"] == "ERROR" and h.get("code") == "cancelled" for h, _ in ended),
+        f"the {most} held REQUESTs run until cancelled ({[why(g) for g in ended]})")
 
     still_bitwise("the refused REQUESTs")
 

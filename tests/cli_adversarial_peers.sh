@@ -13,7 +13,9 @@
 #      ERROR internal, never a garbage RESULT), logs it, and its real worker
 #      answers a real GEN bitwise as before;
 #   2. the worker's broker socket: a fake broker sends malformed REQUESTs,
-#      SYNCs of missing, foreign, mismatched or outside files, CANCELs of
+#      more REQUESTs than 4 x the worker's --max-inflight (those past it
+#      are answered busy), SYNCs of missing, foreign, mismatched or
+#      outside files, CANCELs of
 #      unknown ids, duplicate ids and unknown types; each is answered as
 #      docs/PROTOCOL.md says, and a valid REQUEST gives the bitwise result
 #      it gave first.
@@ -54,7 +56,7 @@ echo '{"name":"alien","dim":32,"heads":2,"layers":1,"ffn_dim":64,"in_channels":4
 "$R" weights init --config "$D/alien.json" --seed 3 --out "$D/wd/alien.safetensors" 2>/dev/null ||
     { bad "another model's weights"; finish; }
 "$B/reel-worker" --name wadv --broker "ipc://$D/fb" --weights "$D/wd/w.safetensors" --heartbeat-ms 200 \
-    --streams 1 >"$D/wadv.log" 2>&1 &
+    --streams 1 --max-inflight 1 >"$D/wadv.log" 2>&1 &
 WADV=$!
 PIDS="$PIDS $WADV"
 timeout -k 5 150 $PY "$T/adversarial_peers.py" worker --bind "ipc://$D/fb" --log "$D/wadv.log" --dir "$D/wd" \

@@ -1021,6 +1021,36 @@ START_TEST(test_a_flood_of_cancels_of_ids_not_held_never_undoes_a_real_one) {
 }
 END_TEST
 
+/* What bounds a broker's REQUESTs (handle_request refuses one past 4 x
+ * --max-inflight): every request held, of this session or an earlier one
+ * still ending its step, counts until its job, and every part of a split
+ * group, let go; one that ended counts no more. */
+START_TEST(test_the_holds_count_every_session_until_each_job_and_its_parts_let_go) {
+    wrk_t *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    ck_assert_int_eq(wrk_shared_init(w), 0);
+    atomic_init(&w->epoch, 1);
+    ck_assert_uint_eq(wrk_holds(w), 0);
+    wrk_job_t *a = held_job(w, 1), *b = held_job(w, 2);
+    atomic_store(&w->epoch, 2); /* a new broker session: the old ones still hold their tensors */
+    wrk_job_t *c = held_job(w, 1);
+    ck_assert_uint_eq(wrk_holds(w), 3);
+    wrk_job_t *part = calloc(1, sizeof *part);
+    ck_assert_ptr_nonnull(part);
+    *part = *b;
+    atomic_fetch_add(&part->hold->refs, 1); /* as split_group does */
+    wrk_job_free(&a);
+    wrk_job_free(&b);
+    ck_assert_uint_eq(wrk_holds(w), 2); /* b's other part still runs */
+    wrk_job_free(&part);
+    ck_assert_uint_eq(wrk_holds(w), 1);
+    wrk_job_free(&c);
+    ck_assert_uint_eq(wrk_holds(w), 0);
+    wrk_shared_fini(w);
+    free(w);
+}
+END_TEST
+
 /* A key this worker can run becomes the shape and loop a request of it
  * would: F, H, W, the context rows, cfg, batch n, the solver (sde an
  * Euler loop), and the broker's shard hash. */
@@ -1964,6 +1994,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_a_prewarm_key_this_worker_cannot_run_is_refused_with_a_reason);
     tcase_add_test(t, test_a_cancel_stops_only_the_requests_of_its_id_taken_before_it);
     tcase_add_test(t, test_a_flood_of_cancels_of_ids_not_held_never_undoes_a_real_one);
+    tcase_add_test(t, test_the_holds_count_every_session_until_each_job_and_its_parts_let_go);
     suite_add_tcase(s, t);
     t = tcase_create("sync");
     tcase_add_checked_fixture(t, setup_root, teardown_root);

@@ -145,6 +145,14 @@ void wrk_drain_end(wrk_t *w);
  * of the previous hook is in progress. Can't fail. */
 void wrk_drain_hook(wrk_t *w, void (*fn)(void *arg), void *arg);
 
+/* A worker holds at most this many times its --max-inflight REQUESTs
+ * (queued or running, of any broker session): wrk_holds. */
+#define WRK_HELD_PER_INFLIGHT 4
+
+/* The REQUESTs held now, queued or running, of any session (those whose
+ * job ended are dropped from the table first). The main thread's. Can't
+ * fail. */
+size_t wrk_holds(wrk_t *w);
 /* Job j (its id and epoch set), taken from a REQUEST, is held: j->hold is
  * its mark, in w's table until j (and every part made of it) is freed.
  * The main thread's. 0, or -1 out of memory (j unchanged). */

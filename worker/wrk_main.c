@@ -533,6 +533,21 @@ static void handle_request(link_t *l, wire_msg_t *m) {
     wrk_job_t *job = NULL;
     wire_err_t err;
     msg_gen_t r;
+    /* Reel's broker sends at most max_inflight. The slack covers a job
+     * still letting go of its hold when the broker, its RESULT in hand,
+     * sends the next REQUEST, and an earlier session's requests ending
+     * their step; past it only a broker that ignores max_inflight sends
+     * more, and each would hold its tensors here. Refused before any of
+     * them is copied. */
+    const size_t held = wrk_holds(w), most = (size_t)WRK_HELD_PER_INFLIGHT * (size_t)w->opt->max_inflight;
+    if (held >= most) {
+        wrk_log(w, "request %" PRIu64 " refused: %zu requests held already (%d x --max-inflight %d)", m->id, held,
+                WRK_HELD_PER_INFLIGHT, w->opt->max_inflight);
+        msg_send_error(l->dealer, NULL, m->id, WIRE_E_BUSY,
+                       "worker %s holds %zu requests, %d x its max_inflight %d: none more until one ends", w->opt->name,
+                       held, WRK_HELD_PER_INFLIGHT, w->opt->max_inflight);
+        return;
+    }
     if (msg_request_decode(m, &r, &err) != 0 ||
         wrk_request_fits(&r, tdit_model_config(w->model), w->opt->max_tokens, &err) != 0 ||
         media_fits(w, &r, &err) != 0 ||

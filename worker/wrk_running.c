@@ -97,6 +97,11 @@ static void held_prune(wrk_t *w) {
     w->n_held = keep;
 }
 
+size_t wrk_holds(wrk_t *w) {
+    held_prune(w);
+    return w->n_held;
+}
+
 int wrk_hold_take(wrk_t *w, wrk_job_t *j) {
     held_prune(w);
     if (w->n_held == w->cap_held) {
