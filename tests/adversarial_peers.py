@@ -18,16 +18,17 @@ client a garbage RESULT, and log (or count) what it refused.
 
 `worker`: a fake broker (a ROUTER the reel-worker connects to) sends the
 worker malformed REQUESTs, more REQUESTs than it may hold, SYNCs of
-missing, foreign, mismatched or outside files, CANCELs of unknown ids,
-duplicate ids and unknown types;
-each must be answered as docs/PROTOCOL.md says, and a valid REQUEST
-afterwards must give the bitwise result it gave first.
+missing, foreign, mismatched or outside files, more SYNCs than may wait,
+CANCELs of unknown ids, duplicate ids and unknown types; each must be
+answered as docs/PROTOCOL.md says, and a valid REQUEST afterwards must
+give the bitwise result it gave first.
 
 Prints one PASS/FAIL line per check (tests/lib_cli.sh py_checks), exit 0.
 """
 
 import argparse
 import hashlib
+import json
 import os
 import sys
 import time
@@ -472,6 +473,8 @@ class FakeBroker:
             h, t = unpack(fr[1:])
             if h.get("type") == "READY":
                 self.worker = fr[0]
+            if h.get("type") == "FETCH":  # from the worker's fetch connection: answered there
+                h["_from"] = fr[0]
             if h.get("type") not in ("HEARTBEAT", "EVENTS"):
                 self.inbox.append((h, t))
 
@@ -480,6 +483,9 @@ class FakeBroker:
 
     def send_raw(self, frames):
         self.s.send_multipart([self.worker] + frames)
+
+    def send_to(self, ident, hdr):
+        self.s.send_multipart([ident] + pack(hdr))
 
     def wait(self, pred, secs):
         end = time.monotonic() + secs
@@ -689,6 +695,58 @@ def run_worker(a):
     m = fb.wait(lambda h, t, sid=sid: h.get("id") == sid and h.get("type") in ("SYNC_ACK", "ERROR"), 30)
     say(m is not None and (m[0]["type"] == "ERROR" or m[0].get("ok") is False),
         f"a SYNC that cannot be read is refused ({why(m) if m and m[0]['type'] == 'ERROR' else m and m[0].get('error')})")
+    # A broker that sends SYNCs without end: at most 16 wait for the sync
+    # thread (the one it applies included), and those waiting hold at most
+    # twice the model in F32 of inline weights; each past that is acked
+    # not ok at once (busy), the rest wait their turn. The sync thread is
+    # kept on an uploaded version whose FETCH goes unanswered. Before:
+    # every SYNC was queued, each holding its message, inline tensors and
+    # all, as many as the broker sent.
+    busy = "busy: too many SYNCs wait on this worker"
+    sent = []
+
+    def sync(version, tensors=(), **kw):
+        sid = next(ids)
+        hdr = {"type": "SYNC", "id": sid, "component": "transformer", "version": version, "sha256": "ab" * 32}
+        hdr.update(kw)
+        fb.send(hdr, tensors)
+        sent.append(sid)
+        return sid
+
+    def acks(n, secs):
+        got = []
+        for _ in range(n):
+            m = fb.wait(lambda h, t: h.get("id") in sent and h.get("type") in ("SYNC_ACK", "ERROR"), secs)
+            if m:
+                got.append(m[0])
+        return got + [h for h, _ in fb.drain(0.5) if h.get("id") in sent and h.get("type") in ("SYNC_ACK", "ERROR")]
+
+    sync(2, uploaded=True)
+    fetch = fb.wait(lambda h, t: h.get("type") == "FETCH", 30)
+    say(fetch is not None, "the sync thread fetches an uploaded version, its FETCH unanswered")
+    with open(os.path.join(d, "w.safetensors"), "rb") as f:
+        head = f.read(8)
+        meta = json.loads(f.read(int.from_bytes(head, "little")))
+    params = sum(int(np.prod(v["shape"])) for k, v in meta.items() if k != "__metadata__")
+    blob = [("x", "F32", (params * 4 // 5,), bytes(params * 4 // 5 * 4))]  # 0.8 of the model in F32
+    inline = [sync(3, blob) for _ in range(3)]
+    got = acks(1, 30)
+    say([(h.get("id"), h.get("version"), h.get("ok"), h.get("error")) for h in got] == [(inline[2], 3, False, busy)],
+        f"3 SYNCs of 0.8 x the model inline: the third, past twice the model waiting, is acked busy ({got})")
+    paths = [sync(4 + i, path="/etc/passwd") for i in range(16)]
+    got = acks(3, 30)
+    say(sorted(h.get("id") for h in got) == paths[13:] and all(h.get("ok") is False and h.get("error") == busy
+                                                                for h in got),
+        f"16 more SYNCs, 3 waiting: the 3 past 16 waiting are acked busy at once, with their versions "
+        f"({[(h.get('version'), h.get('error')) for h in got]})")
+    fb.send_to(fetch[0]["_from"], {"type": "ERROR", "id": fetch[0].get("id", 0), "code": "bad_request",
+                                   "message": "no such upload"})
+    waiting = [sent[0]] + inline[:2] + paths[:13]
+    got = acks(len(waiting), 60)
+    say(sorted(h.get("id") for h in got) == sorted(waiting) and all(h.get("ok") is False and h.get("error") != busy
+                                                                    for h in got),
+        f"the {len(waiting)} SYNCs that waited are each answered in turn, none busy "
+        f"({sorted(set(str(h.get('error')) for h in got))})")
     still_bitwise("the refused SYNCs")
     done(0, None)
 

@@ -15,7 +15,8 @@
 #   2. the worker's broker socket: a fake broker sends malformed REQUESTs,
 #      more REQUESTs than 4 x the worker's --max-inflight (those past it
 #      are answered busy), SYNCs of missing, foreign, mismatched or
-#      outside files, CANCELs of
+#      outside files, more SYNCs than may wait (past 16, or twice the
+#      model inline: acked busy), CANCELs of
 #      unknown ids, duplicate ids and unknown types; each is answered as
 #      docs/PROTOCOL.md says, and a valid REQUEST gives the bitwise result
 #      it gave first.

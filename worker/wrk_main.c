@@ -633,7 +633,7 @@ static int handle_broker(link_t *l) {
     } else if (type == MSG_REQUEST) {
         if (!atomic_load(&w->stop)) handle_request(l, m);
     } else if (type == MSG_SYNC) {
-        wrk_syncer_submit(l->sync, m); /* the sync thread owns it now */
+        wrk_syncer_submit(l->sync, m, l->dealer); /* the sync thread owns it now (or it was refused) */
         return 1;
     } else if (type == MSG_PREWARM) {
         if (!atomic_load(&w->stop)) handle_prewarm(l, m);

@@ -122,6 +122,7 @@ int wrk_sync_read(const msg_sync_t *m, const tdit_config_t *cfg, const wrk_roots
 struct wrk_syncer {
     wrk_t *w;
     reel_thread_t *th;           /* takes the SYNC messages, in order */
+    _Atomic size_t inline_bytes; /* the inline tensors of the SYNCs posted and not yet processed */
     void *push;                  /* the thread's while it runs */
     char applied_sha[65];        /* of the applied version; "" when unknown */
     wrk_fetch_buf_t spare;       /* a fetched file's data buffer, for the next fetch */
@@ -548,23 +549,27 @@ static void process(wrk_syncer_t *s, wire_msg_t *wm, uint64_t epoch) {
     free(op.m);
 }
 
-/* A SYNC and the broker session it came in. */
+/* A SYNC, the broker session it came in, and its inline tensors' bytes. */
 typedef struct {
     wire_msg_t *m;
     uint64_t epoch;
+    size_t bytes;
 } sync_item_t;
 
 static void sync_run(void *arg, void *item) {
+    wrk_syncer_t *s = arg;
     sync_item_t *it = item;
-    process(arg, it->m, it->epoch);
+    process(s, it->m, it->epoch);
     free_msg(&it->m);
+    atomic_fetch_sub(&s->inline_bytes, it->bytes);
     free(it);
 }
 
 static void sync_discard(void *arg, void *item) {
-    (void)arg;
+    wrk_syncer_t *s = arg;
     sync_item_t *it = item;
     free_msg(&it->m);
+    atomic_fetch_sub(&s->inline_bytes, it->bytes);
     free(it);
 }
 
@@ -586,7 +591,49 @@ err:
     return NULL;
 }
 
-void wrk_syncer_submit(wrk_syncer_t *s, wire_msg_t *m) {
+/* SYNC m refused before it was queued (too many wait): acked not ok on
+ * reply at once, with its component and version when it can be read (0
+ * otherwise, as the sync thread acks one it cannot read). */
+static void refuse_busy(wrk_syncer_t *s, wire_msg_t *m, void *reply, const char *why) {
+    msg_sync_ack_t a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.component, sizeof a.component, "%s", TDIT_COMPONENT);
+    snprintf(a.error, sizeof a.error, "%s", WRK_E_SYNC_BUSY);
+    msg_sync_t *sm = malloc(sizeof *sm);
+    wire_err_t e;
+    if (sm && msg_sync_decode(m, sm, &e) == 0) {
+        snprintf(a.component, sizeof a.component, "%s", sm->component);
+        a.version = sm->version;
+    }
+    free(sm);
+    wrk_log(s->w, "sync to v%" PRIu64 " refused: %s (%s)", a.version, WRK_E_SYNC_BUSY, why);
+    atomic_fetch_add(&s->w->syncs_failed, 1);
+    if (msg_send(reply, NULL, MSG_SYNC_ACK, m->id, &a, NULL) != 0)
+        wrk_log(s->w, "cannot send the SYNC_ACK of v%" PRIu64 ": %s", a.version, zmq_strerror(errno));
+}
+
+void wrk_syncer_submit(wrk_syncer_t *s, wire_msg_t *m, void *reply) {
+    /* A broker sends one SYNC per version and reports a worker that did
+     * not ack in time, so a queue this deep is a broker that sends
+     * without end (or a trainer far ahead of this worker): each waiting
+     * SYNC holds its message, inline tensors and all. */
+    size_t bytes = 0, waiting = reel_thread_backlog(s->th), held = atomic_load(&s->inline_bytes);
+    for (int i = 0; i < m->n_tensors; i++) bytes += m->t[i].bytes;
+    const tdit_config_t *cfg = tdit_model_config(s->w->model);
+    /* twice the model in F32: two whole versions by value (the broker sends none: only a peer that sends
+     * weights inline itself); one alone is always taken, and judged */
+    const size_t most_bytes = 2 * (size_t)tdit_config_params(cfg) * sizeof(float);
+    char why[192] = "";
+    if (waiting >= WRK_SYNC_WAITING_MAX)
+        snprintf(why, sizeof why, "%zu SYNCs wait already, at most %d", waiting, WRK_SYNC_WAITING_MAX);
+    else if (waiting > 0 && held + bytes > most_bytes)
+        snprintf(why, sizeof why, "the SYNCs waiting hold %zu bytes of inline weights, this one %zu more: at most "
+                 "%zu, twice the model in F32", held, bytes, most_bytes);
+    if (why[0]) {
+        refuse_busy(s, m, reply, why);
+        free_msg(&m);
+        return;
+    }
     /* Not acked when it fails (freed by sync_discard): the broker's
      * deadline reports it. */
     sync_item_t *it = malloc(sizeof *it);
@@ -597,6 +644,8 @@ void wrk_syncer_submit(wrk_syncer_t *s, wire_msg_t *m) {
     }
     it->m = m;
     it->epoch = atomic_load(&s->w->epoch);
+    it->bytes = bytes;
+    atomic_fetch_add(&s->inline_bytes, bytes);
     if (reel_thread_post(s->th, it) != 0) wrk_log(s->w, "%s: a SYNC dropped", reel_err_text()); /* discarded */
 }
 

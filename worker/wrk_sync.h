@@ -12,6 +12,11 @@
  * applied one with the same sha256 is acked ok=true without reloading (a
  * repeated SYNC), with another sha256 it is "stale".
  *
+ * At most WRK_SYNC_WAITING_MAX SYNCs wait for the thread, and their
+ * inline tensors are bounded: one past either is acked not ok at once
+ * (wrk_syncer_submit), so a broker that sends SYNCs without end cannot
+ * grow the worker's memory.
+ *
  * A reload that failed part-way leaves mixed weights: the worker cannot
  * serve anything any more and sets wrk_t.fatal (the main thread exits 1, the
  * broker requeues its requests). */
@@ -56,9 +61,17 @@ typedef struct wrk_syncer wrk_syncer_t;
 /* Starts the sync thread. initial_sha: hex sha256 of the weights loaded at
  * startup (the applied version's). NULL with a message in reel_err_text(). */
 wrk_syncer_t *wrk_syncer_new(wrk_t *w, const char initial_sha[65]);
+/* The SYNCs that may wait for the sync thread, the one it applies
+ * included; and the one answer to a SYNC past them (wrk_syncer_submit). */
+#define WRK_SYNC_WAITING_MAX 16
+#define WRK_E_SYNC_BUSY "busy: too many SYNCs wait on this worker"
 /* Queues SYNC m (heap-allocated; ownership taken: closed and freed by the
- * sync thread). Can't fail. */
-void wrk_syncer_submit(wrk_syncer_t *s, wire_msg_t *m);
+ * sync thread). One that finds WRK_SYNC_WAITING_MAX waiting, or SYNCs
+ * waiting whose inline tensors with its own would pass twice the model in
+ * F32, is not queued: acked not ok (WRK_E_SYNC_BUSY, the detail logged)
+ * at once on `reply`, the main thread's socket to the broker, and freed.
+ * The main thread's. Can't fail. */
+void wrk_syncer_submit(wrk_syncer_t *s, wire_msg_t *m, void *reply);
 /* Stops after the sync in progress (queued ones are dropped) and joins.
  * NULL-safe. */
 void wrk_syncer_destroy(wrk_syncer_t **s);
