@@ -19,13 +19,19 @@
 #include "broker/brk_msg.h"
 #include "broker/brk_zap.h"
 
+/* Whether a live worker has the name (brk_zap_bind_worker). */
+static bool name_live(void *arg, const char *name) {
+    const brk_worker_t *w = brk_worker_named(arg, name);
+    return w && !w->dead;
+}
+
 int brk_workers_refuse(brk_t *b, const char *name, const brk_worker_t *self) {
     const brk_worker_t *same = brk_worker_named(b, name);
     char key[REEL_KEY_Z85];
     /* invalid, not state: a READY naming a name it cannot have is answered
      * bad_request, and waiting would not make it the worker's */
     if (same && same != self) return reel_fail(REEL_E_INVALID, "worker name %s is taken by a live worker", name);
-    if (brk_zap_bind_worker(b->zap, name, key) != 0)
+    if (brk_zap_bind_worker(b->zap, name, key, name_live, b) != 0)
         return reel_fail(REEL_E_INVALID, "worker name %s is bound to another worker key", name);
     return 0;
 }

@@ -28,6 +28,7 @@
 typedef struct {
     char name[BRK_NAME_MAX];
     char key[REEL_KEY_Z85];
+    uint64_t used;                 /* when its key last registered it (brk_zap.bind_clock) */
 } binding_t;
 
 struct brk_zap {
@@ -52,6 +53,7 @@ struct brk_zap {
     void *mon[2];                  /* the client and worker sockets' handshake failures (loop thread) */
     binding_t *bind;               /* loop thread only */
     int n_bind, cap_bind;
+    uint64_t bind_clock;           /* counts the READYs bound */
     brk_who_t cur;                 /* the sender of the message being handled (loop thread) */
 };
 
@@ -539,20 +541,53 @@ bool brk_zap_admit(brk_t *b, bool worker_side, wire_msg_t *m, const wire_err_t *
     return true;
 }
 
-int brk_zap_bind_worker(brk_zap_t *z, const char *name, char *key_out) {
+int brk_zap_bind_worker(brk_zap_t *z, const char *name, char *key_out, bool (*live)(void *arg, const char *name),
+                        void *arg) {
     key_out[0] = '\0';
     if (!z) return 0;
     const brk_who_t who = z->cur;
     if (who.role != REEL_ROLE_WORKER) return -1;
     snprintf(key_out, REEL_KEY_Z85, "%s", who.key);
+    const uint64_t now = ++z->bind_clock;
     for (int i = 0; i < z->n_bind; i++) {
         binding_t *bd = &z->bind[i];
         if (strcmp(bd->name, name)) continue;
-        if (!strcmp(bd->key, who.key)) return 0;
-        /* A key that left the allowlist lets go of its names. */
+        if (!strcmp(bd->key, who.key)) {
+            bd->used = now;
+            return 0;
+        }
+        /* A key that left the allowlist lets go of its names (below). */
         if (brk_zap_worker_allowed(z, bd->key)) return -1;
-        snprintf(bd->key, sizeof bd->key, "%s", who.key);
-        return 0;
+        break;
+    }
+    /* Bound by the allowlist: the names of keys that left it are let go,
+     * and a key holds at most BRK_ZAP_NAMES_PER_KEY. Past that, a new name
+     * takes the place of the one of its names it registered least
+     * recently, one no live worker has first: each READY under a new
+     * name would otherwise keep a binding for the broker's life. Only the
+     * key's own names go, so no key loses a name to another's READYs. */
+    int keep = 0, mine = 0, oldest = -1;
+    bool oldest_live = true;
+    for (int i = 0; i < z->n_bind; i++) {
+        if (!strcmp(z->bind[i].name, name) || !brk_zap_worker_allowed(z, z->bind[i].key)) continue;
+        if (keep != i) z->bind[keep] = z->bind[i];
+        const binding_t *bd = &z->bind[keep];
+        if (!strcmp(bd->key, who.key)) {
+            bool l = live && live(arg, bd->name);
+            if (oldest < 0 || (oldest_live && !l) ||
+                (oldest_live == l && bd->used < z->bind[oldest].used)) {
+                oldest = keep;
+                oldest_live = l;
+            }
+            mine++;
+        }
+        keep++;
+    }
+    z->n_bind = keep;
+    if (mine >= BRK_ZAP_NAMES_PER_KEY) {
+        brk_log("worker key %s holds %d worker names: %s%s, the one it registered least recently, is let go for %s",
+                who.name, mine, z->bind[oldest].name, oldest_live ? " (a live worker's)" : "", name);
+        if (oldest != --z->n_bind) z->bind[oldest] = z->bind[z->n_bind];
     }
     if (z->n_bind == z->cap_bind) {
         int cap = z->cap_bind ? z->cap_bind * 2 : 16;
@@ -564,5 +599,6 @@ int brk_zap_bind_worker(brk_zap_t *z, const char *name, char *key_out) {
     binding_t *bd = &z->bind[z->n_bind++];
     snprintf(bd->name, sizeof bd->name, "%s", name);
     snprintf(bd->key, sizeof bd->key, "%s", who.key);
+    bd->used = now;
     return 0;
 }

@@ -20,8 +20,9 @@
  * the catalog with its key's name, whatever the answer.
  *
  * A worker's name is bound to the first key that registers it, for the
- * broker's life or until that key leaves the allowlist: another key
- * claiming it is refused (no handover, at the socket either).
+ * broker's life or until that key leaves the allowlist or registers
+ * BRK_ZAP_NAMES_PER_KEY other names after it: another key claiming it is
+ * refused (no handover, at the socket either).
  *
  * Without keys (b->zap NULL) every peer is admitted with role "none" and
  * may send anything, as before keys existed: brk_opts allows that only on
@@ -121,7 +122,13 @@ void brk_zap_sender(brk_zap_t *z, brk_who_t *who);
 /* Binds worker `name` to the key that sent the READY being handled;
  * key_out (REEL_KEY_Z85 bytes) receives that key. 0 when the name is free
  * or already that key's; -1 when another key, still in the allowlist,
- * holds it. Without keys: 0, key_out "". */
-int brk_zap_bind_worker(brk_zap_t *z, const char *name, char *key_out);
+ * holds it (or out of memory). A key holds at most BRK_ZAP_NAMES_PER_KEY
+ * names: a new one past that lets go of the one it registered least
+ * recently, preferring one for which live(arg, name) is false (live NULL:
+ * none is live); the names of keys no longer in the allowlist are let go
+ * too. Without keys: 0, key_out "". */
+#define BRK_ZAP_NAMES_PER_KEY 16
+int brk_zap_bind_worker(brk_zap_t *z, const char *name, char *key_out, bool (*live)(void *arg, const char *name),
+                        void *arg);
 
 #endif

@@ -362,6 +362,37 @@ grep -q "ERROR bad_request READY: worker name w1 is bound to another worker key"
     ok "w2's key claiming the name w1 is refused, w1 gone or not (before: accepted)" || { bad "name bound to key"; show "$D/steal.out"; }
 start_worker w1 "$D/w/w1.safetensors" --key "$K/w1.key" --broker-key "$K/broker.pub" && ok "w1 comes back with its own key" || bad "w1 restarts"
 wait_for "$D/w1.log" "applied transformer v2" 60 || bad "w1 caught up to v2"
+# A key holds at most 16 names: w2's key registers 17 (n0 on a connection
+# that stays, then n1..n16 on one connection, each READY there a restart
+# under a new name), and the 17th lets go of the one it registered least
+# recently that no live worker has (n1: n0 is older, but live), which
+# another key may then take; the others stay bound. Before: every READY
+# under a new name kept a binding for the broker's life (a worker key
+# could grow the broker's memory without end).
+ready_n() { echo "{\"type\":\"READY\",\"name\":\"$1\",\"models\":[],\"versions\":{\"transformer\":2}}"; }
+$PEER --endpoint "$WE" --key "$K/w2.key" --broker-key "$K/broker.pub" --for 30 --heartbeat "$(ready_n n0)" \
+    >"$D/n0live.out" 2>&1 &
+n0live=$!; PIDS="$PIDS $n0live"
+wait_for "$D/broker.log" "worker n0 ready" 60 || bad "n0 registers"
+names=""
+for i in $(seq 1 16); do names="$names $(ready_n n$i)"; done
+peer w2 "$WE" 1 $names >"$D/names.out"
+wait_for "$D/broker.log" "worker n16 ready" 60 || bad "w2's key registers 17 names"
+grep -q "worker key w2 holds 16 worker names: n1, the one it registered least recently, is let go for n16" \
+    "$D/broker.log" && ok "the 17th name of w2's key lets go of its first but the live n0, logged" ||
+    { bad "one name let go"; grep "worker key w2" "$D/broker.log"; }
+ask w1 "$WE" "$(ready_n n2)" >"$D/n2.out"
+grep -q "ERROR bad_request READY: worker name n2 is bound to another worker key" "$D/n2.out" &&
+    ok "n2, still one of w2's 16, is refused to w1's key" || { bad "n2 stays bound"; show "$D/n2.out"; }
+peer w1 "$WE" 1 "$(ready_n n1)" >"$D/n1.out"
+wait_count "$D/broker.log" "worker n1 ready|READY refused: worker name n1 " 2 60
+if grep -E "worker n1 ready|READY refused: worker name n1 " "$D/broker.log" | tail -1 | grep -q "worker n1 ready"; then
+    ok "n1, let go, is taken by w1's key (before: bound to w2's for the broker's life)"
+    wait_for "$D/broker.log" "worker n1 lost \(expired\)" 60 || bad "w1's raw n1 expires"
+else bad "n1 let go"; grep "name n1 " "$D/broker.log"; fi
+kill "$n0live"; reap "$n0live" 60
+wait_for "$D/broker.log" "worker n16 lost \(expired\)" 60 && wait_for "$D/broker.log" "worker n0 lost \(expired\)" 60 ||
+    bad "the raw peers' workers expire"
 
 echo "== SYNC paths no peer can abuse: only the weights directory, generic answers"
 sp() { # out header: alice's raw SYNC, its answer in out
