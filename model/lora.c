@@ -1003,6 +1003,18 @@ int lora_check(const lora_t *l, const tdit_config_t *c) {
     if (rc == 0 && lora_max_delta(l) >= LORA_MAX_DELTA)
         rc = reel_fail(REEL_E_INVALID, "its merge could overflow F32: |s|·r·max|B|·max|A| + max|diff| = %g "
                        "(lora_alpha %g, r %d)", lora_max_delta(l), l->alpha, l->r);
+    /* the merge forms B·A in F32 before scaling it (as PEFT does), so a
+     * small s does not keep B·A itself in range */
+    for (int i = 0; i < l->n && rc == 0; i++) {
+        const lora_target_t *t = &l->t[i];
+        if (!t->a) continue;
+        double ma = 0, mb = 0;
+        for (int64_t j = 0; j < t->rank * t->in; j++) ma = fmax(ma, fabs((double)t->a[j]));
+        for (int64_t j = 0; j < t->out * t->rank; j++) mb = fmax(mb, fabs((double)t->b[j]));
+        if ((double)t->rank * ma * mb >= LORA_MAX_DELTA)
+            rc = reel_fail(REEL_E_INVALID, "its merge could overflow F32: B·A of %s, before its scale, can reach "
+                           "r·max|B|·max|A| = %g", t->weight, (double)t->rank * ma * mb);
+    }
     return rc;
 }
 

@@ -127,7 +127,9 @@ void lora_close(lora_t **l);
 
 /* 0 when every target is a weight of c with the shape the adapter needs
  * ([out, in] for a low-rank part, the difference's own) and no merge could leave F32's range (lora_max_delta below
- * LORA_MAX_DELTA), else -1 naming the first problem. */
+ * LORA_MAX_DELTA, and each target's unscaled B·A too: r·max|B|·max|A|,
+ * which the merge forms before its scale), else -1 naming the first
+ * problem. */
 int lora_check(const lora_t *l, const tdit_config_t *c);
 
 int lora_rank(const lora_t *l);           /* r of the config */

@@ -511,6 +511,36 @@ START_TEST(test_refusals_name_their_cause) {
 }
 END_TEST
 
+/* PEFT merges (B·A)·s: B·A is formed in F32 before the scale, so a tiny
+ * scale cannot bring back values B·A took past F32's range. A scale of
+ * 1e-30 on B and A of 1e30 passed lora_check (s·r·max|B|·max|A| = 1e30)
+ * and the merge wrote infinities into the weight (tests/fuzz/fuzz_lora.c
+ * found it); now lora_check refuses it by the unscaled product. */
+START_TEST(test_a_tiny_scale_does_not_let_b_times_a_past_f32s_range) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/tiny_scale", dir);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    const char *cfg = "{\"peft_type\": \"LORA\", \"r\": 1, \"lora_alpha\": 1e-30}";
+    ts_write_file(ts_join(path, "adapter_config.json"), cfg, strlen(cfg));
+    int64_t D = tiny.dim, sa[2] = { 1, D }, sb[2] = { D, 1 };
+    float *big = malloc((size_t)D * sizeof *big);
+    for (int64_t j = 0; j < D; j++) big[j] = 1e30f;
+    st_writer_t *w = st_writer_new();
+    ck_assert_ptr_nonnull(w);
+    ck_assert_int_eq(st_writer_add_f32(w, "base_model.model.blocks.0.self_attn.q.lora_A.weight", 2, sa, big), 0);
+    ck_assert_int_eq(st_writer_add_f32(w, "base_model.model.blocks.0.self_attn.q.lora_B.weight", 2, sb, big), 0);
+    ck_assert_int_eq(st_writer_save(w, ts_join(path, "adapter_model.safetensors")), 0);
+    st_writer_destroy(&w);
+    free(big);
+    lora_t *l;
+    TS_NEW(l = lora_open(path));
+    ck_assert_int_eq(lora_check(l, &tiny), -1);
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "could overflow F32"));
+    ck_assert_ptr_nonnull(strstr(reel_err_text(), "blocks.0.self_attn.q.weight"));
+    lora_close(&l);
+}
+END_TEST
+
 /* A file without alphas whose targets' ranks differ (ComfyUI's and
  * ai-toolkit's diffusion_model. names, diffusers' transformer. names):
  * every target at s = 1, ComfyUI's rule (no alpha: 1.0) and diffusers'
@@ -1234,6 +1264,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_dora_reloads_and_the_base_again_is_the_base_bitwise);
     tcase_add_test(tc, test_dora_refusals_name_their_cause);
     tcase_add_test(tc, test_dora_after_dora_merges_from_the_base);
+    tcase_add_test(tc, test_a_tiny_scale_does_not_let_b_times_a_past_f32s_range);
     suite_add_tcase(s, tc);
     return s;
 }
