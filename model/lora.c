@@ -269,10 +269,20 @@ static bool unset(const json_t *v) {
  * escaped punctuation, \d \w \s and their negations); -1 naming the key
  * for what has no ERE equal (lookarounds and other (? groups,
  * backreferences, \b and other escapes, possessive quantifiers, '[' or an
- * escape other than \d \w \s and punctuation inside a class). */
+ * escape other than \d \w \s and punctuation inside a class, a counted
+ * repetition of a group that repeats by count, counts adding up past 255). */
 static int pattern_to_ere(const char *key, char *out, size_t len, const char *path, const char *which) {
     size_t o = 0;
     bool quant = false; /* the last thing written was a quantifier */
+    /* counted repetitions: glibc's regcomp copies a repeated group once per
+     * count, so a count over a group that counts again multiplies them
+     * ("((.{0,255}){255}){255}" held regcomp for minutes and gigabytes).
+     * Refused: such nesting, a count over LORA_PATTERN_COUNTS, and counts
+     * adding up past it. counted[d]: group depth d holds one. */
+    enum { LORA_PATTERN_COUNTS = 255, MAX_DEPTH = 32 };
+    bool counted[MAX_DEPTH + 1] = { false }, group_counted = false;
+    int depth = 0;
+    long counts = 0;
 #define PUT(str)                                                                                                       \
     do {                                                                                                               \
         size_t n_ = strlen(str);                                                                                       \
@@ -345,6 +355,33 @@ static int pattern_to_ere(const char *key, char *out, size_t len, const char *pa
             p = q;
             continue;
         }
+        if (c == '(') {
+            if (depth == MAX_DEPTH)
+                return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': groups nested deeper than %d", path, which, key,
+                                 MAX_DEPTH);
+            counted[++depth] = false;
+        } else if (c == ')' && depth > 0) {
+            group_counted = counted[depth--];
+            counted[depth] |= group_counted;
+        } else if (c == '{' && p[1] >= '0' && p[1] <= '9') {
+            /* {m}, {m,} or {m,n}: the largest count is what regcomp copies */
+            char *e;
+            long m = strtol(p + 1, &e, 10), n = m;
+            if (*e == ',' && e[1] >= '0' && e[1] <= '9') n = strtol(e + 1, &e, 10);
+            else if (*e == ',') e++;
+            if (*e == '}') {
+                if (p > key && p[-1] == ')' && group_counted)
+                    return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': a counted repetition of a group that "
+                                     "repeats by count itself is not supported", path, which, key);
+                long most = n > m ? n : m; /* strtol stops at LONG_MAX */
+                if (most > LORA_PATTERN_COUNTS - counts)
+                    return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': repetition counts adding up past %d are "
+                                     "not supported", path, which, key, LORA_PATTERN_COUNTS);
+                counts += most;
+                counted[depth] = true;
+            }
+        }
+        if (c != ')') group_counted = false;
         if (c == '*' || c == '+' || c == '?' || c == '}') quant = true;
         PUT(one);
     }

@@ -233,6 +233,30 @@ START_TEST(test_rank_and_alpha_patterns_give_each_module_its_own_r_and_alpha) {
 }
 END_TEST
 
+/* A counted repetition of a group that itself repeats by count grows
+ * glibc's compiled regex by the product of the counts: the rank_pattern
+ * key "((.{0,255}){255}){255}" held regcomp, and with it lora_open (a
+ * reelctl run, a worker's sync), for minutes and gigabytes. Such a key is
+ * refused at once naming it, and so is one whose counts add up past 255;
+ * counts as trainers write them (blocks\.\d{1,2}\.) still read. */
+START_TEST(test_a_pattern_key_that_repeats_a_counted_repetition_is_refused_not_compiled) {
+    const int four[] = { 4, 4, 4, 4, 4, 4, 4, 4 };
+    static const char *const bad[] = { "((.{0,255}){255}){255}", "(q{2}){3}", ".{0,200}.{0,56}", "q{256}" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char cfg[256], name[32];
+        snprintf(cfg, sizeof cfg, "{\"r\": 4, \"lora_alpha\": 4, \"rank_pattern\": {\"%s\": 2}}", bad[i]);
+        snprintf(name, sizeof name, "pat_count%zu", i);
+        ck_assert_ptr_null(lora_open(make_mixed(name, cfg, "", attn, 4, four)));
+        ck_assert_msg(strstr(reel_err_text(), bad[i]) && strstr(reel_err_text(), "count"), "%s", reel_err_text());
+    }
+    lora_t *l;
+    TS_NEW(l = lora_open(make_mixed("pat_count_ok", "{\"r\": 4, \"lora_alpha\": 4, \"rank_pattern\": "
+                                    "{\"blocks\\\\.\\\\d{1,2}\\\\.self_attn\\\\.q{1}\": 4, \".{0,255}\": 4}}",
+                                    "", attn, 4, four)));
+    lora_close(&l);
+}
+END_TEST
+
 START_TEST(test_diffusers_names_and_bf16_map_to_the_same_weights_as_wan_names) {
     const char *p = make_adapter("dif", CFG(2, 2, ""), "transformer.", every_diffusers, 10, 2, 5, KERN_BF16);
     lora_t *l;
@@ -1254,6 +1278,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_merge_is_w_plus_scale_b_times_a_and_rslora_divides_by_the_root_of_r);
     tcase_add_test(tc, test_diffusers_names_and_bf16_map_to_the_same_weights_as_wan_names);
     tcase_add_test(tc, test_rank_and_alpha_patterns_give_each_module_its_own_r_and_alpha);
+    tcase_add_test(tc, test_a_pattern_key_that_repeats_a_counted_repetition_is_refused_not_compiled);
     tcase_add_test(tc, test_refusals_name_their_cause);
     tcase_add_test(tc, test_adapters_without_a_config_take_the_files_own_ranks_and_alphas);
     tcase_add_test(tc, test_alpha_less_files_of_mixed_ranks_take_s_1_per_target_not_the_first_ranks_ratio);
