@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <regex.h>
 #include <stdio.h>
@@ -263,17 +264,58 @@ static bool unset(const json_t *v) {
            (json_is_object(v) && json_object_size(v) == 0) || (json_is_string(v) && !strcmp(json_string_value(v), "none"));
 }
 
+/* Whether p starts a quantifier as Python's re reads one: '*', '+', '?',
+ * or '{', digits, at most one ',' and digits, '}' ({m}, {m,}, {,n},
+ * {m,n}, {,}). "{}" and any other '{' are a literal '{' to Python, as is a
+ * '}' alone. *lo and *hi (-1: no bound) are its counts, LONG_MAX past
+ * that; *end its last character. */
+static bool quantifier_at(const char *p, long *lo, long *hi, const char **end) {
+    *end = p;
+    if (*p == '*' || *p == '+' || *p == '?') {
+        *lo = *p == '+';
+        *hi = *p == '?' ? 1 : -1;
+        return true;
+    }
+    if (*p != '{' || p[1] == '}') return false;
+    long v[2] = { 0, -1 }; /* {,n}: at least 0; {m,}: no bound */
+    int part = 0;
+    const char *q = p + 1;
+    for (;; q++) {
+        if (*q >= '0' && *q <= '9') {
+            long d = *q - '0', x = v[part] < 0 ? 0 : v[part];
+            v[part] = x > (LONG_MAX - d) / 10 ? LONG_MAX : x * 10 + d;
+        } else if (*q == ',' && part == 0) {
+            part = 1;
+        } else {
+            break;
+        }
+    }
+    if (*q != '}') return false;
+    *lo = v[0];
+    *hi = part ? v[1] : v[0];
+    *end = q;
+    return true;
+}
+
 /* PEFT's key (a Python re pattern) as POSIX ERE into out: the common
- * subset (literals, '.', classes, groups, '|', the quantifiers * + ? {m,n},
- * lazy ones taken greedy as a whole-name match cannot tell them apart,
- * escaped punctuation, \d \w \s and their negations); -1 naming the key
- * for what has no ERE equal (lookarounds and other (? groups,
- * backreferences, \b and other escapes, possessive quantifiers, '[' or an
- * escape other than \d \w \s and punctuation inside a class, a counted
- * repetition of a group that repeats by count, counts adding up past 255). */
+ * subset (literals, '.', classes, groups, '|', the quantifiers * + ? and
+ * {m,n} as Python reads them ({,n} and {m,} too; a '{' that starts no
+ * quantifier is a literal '{', "a{x}" the four characters), lazy ones
+ * taken greedy as a whole-name match cannot tell them apart, escaped
+ * punctuation, \d \w \s and their negations); -1 naming the key for what
+ * Python refuses (a quantifier with nothing to repeat or after another,
+ * {m,n} with m > n, a ')' closing no '(' of the key) and for what has no
+ * ERE equal (lookarounds and other (? groups, backreferences, \b and
+ * other escapes, possessive quantifiers, '[' or an escape other than \d
+ * \w \s and punctuation inside a class, a counted repetition of a group
+ * that repeats by count, counts adding up past 255). */
 static int pattern_to_ere(const char *key, char *out, size_t len, const char *path, const char *which) {
     size_t o = 0;
-    bool quant = false; /* the last thing written was a quantifier */
+    /* what was read last, as Python's parser tells quantifiers apart: one
+     * needs something to repeat (not the key's start, '(', '|' or an
+     * anchor) and may not follow another but as its lazy '?' or
+     * possessive '+' */
+    enum { NOTHING, ANCHOR, ITEM, REPEAT, REPEAT_LAZY } last = NOTHING;
     /* counted repetitions: glibc's regcomp copies a repeated group once per
      * count, so a count over a group that counts again multiplies them
      * ("((.{0,255}){255}){255}" held regcomp for minutes and gigabytes).
@@ -292,14 +334,49 @@ static int pattern_to_ere(const char *key, char *out, size_t len, const char *pa
     } while (0)
     for (const char *p = key; *p; p++) {
         char c = *p, one[3] = { c, 0, 0 };
-        if (quant && (c == '?' || c == '+')) {
-            if (c == '+')
-                return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': a possessive quantifier (%c+) has no POSIX "
-                                 "regex equal", path, which, key, p[-1]);
-            quant = false; /* lazy: the same whole-name matches */
+        long lo, hi;
+        const char *qend;
+        if (quantifier_at(p, &lo, &hi, &qend)) {
+            if (last == REPEAT && (c == '?' || c == '+')) {
+                if (c == '+')
+                    return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': a possessive quantifier (%c+) has no POSIX "
+                                     "regex equal", path, which, key, p[-1]);
+                last = REPEAT_LAZY; /* lazy: the same whole-name matches */
+                continue;
+            }
+            if (last == NOTHING || last == ANCHOR)
+                return reel_fail(REEL_E_INVALID, "%s: %s key '%s': '%.*s' has nothing to repeat (Python's re refuses "
+                                 "it too)", path, which, key, (int)(qend - p + 1), p);
+            if (last != ITEM)
+                return reel_fail(REEL_E_INVALID, "%s: %s key '%s': '%.*s' repeats a repetition (Python's re refuses "
+                                 "it too)", path, which, key, (int)(qend - p + 1), p);
+            last = REPEAT;
+            if (c != '{') {
+                group_counted = false;
+                PUT(one);
+                continue;
+            }
+            if (hi >= 0 && hi < lo)
+                return reel_fail(REEL_E_INVALID, "%s: %s key '%s': '%.*s' repeats at least more than at most",
+                                 path, which, key, (int)(qend - p + 1), p);
+            if (group_counted)
+                return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': a counted repetition of a group that "
+                                 "repeats by count itself is not supported", path, which, key);
+            long most = hi < 0 ? lo : hi;
+            if (most > LORA_PATTERN_COUNTS - counts)
+                return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': repetition counts adding up past %d are "
+                                 "not supported", path, which, key, LORA_PATTERN_COUNTS);
+            counts += most;
+            counted[depth] = true;
+            char q[48];
+            if (hi < 0) snprintf(q, sizeof q, "{%ld,}", lo);
+            else snprintf(q, sizeof q, "{%ld,%ld}", lo, hi);
+            PUT(q);
+            p = qend;
             continue;
         }
-        quant = false;
+        group_counted = false;
+        last = ITEM;
         if (c == '(' && p[1] == '?')
             return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': '(?' groups (lookarounds, flags, named or "
                              "non-capturing groups) are not supported", path, which, key);
@@ -360,34 +437,64 @@ static int pattern_to_ere(const char *key, char *out, size_t len, const char *pa
                 return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': groups nested deeper than %d", path, which, key,
                                  MAX_DEPTH);
             counted[++depth] = false;
-        } else if (c == ')' && depth > 0) {
+            last = NOTHING;
+        } else if (c == ')') {
+            /* PEFT's f-string would close its own group with it ("a)|(b"
+             * matches "a.x" there); Python refuses it alone ("a)") */
+            if (depth == 0)
+                return reel_fail(REEL_E_INVALID, "%s: %s key '%s': a ')' closes no '(' of the key", path, which, key);
             group_counted = counted[depth--];
             counted[depth] |= group_counted;
-        } else if (c == '{' && p[1] >= '0' && p[1] <= '9') {
-            /* {m}, {m,} or {m,n}: the largest count is what regcomp copies */
-            char *e;
-            long m = strtol(p + 1, &e, 10), n = m;
-            if (*e == ',' && e[1] >= '0' && e[1] <= '9') n = strtol(e + 1, &e, 10);
-            else if (*e == ',') e++;
-            if (*e == '}') {
-                if (p > key && p[-1] == ')' && group_counted)
-                    return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': a counted repetition of a group that "
-                                     "repeats by count itself is not supported", path, which, key);
-                long most = n > m ? n : m; /* strtol stops at LONG_MAX */
-                if (most > LORA_PATTERN_COUNTS - counts)
-                    return reel_fail(REEL_E_UNSUPPORTED, "%s: %s key '%s': repetition counts adding up past %d are "
-                                     "not supported", path, which, key, LORA_PATTERN_COUNTS);
-                counts += most;
-                counted[depth] = true;
-            }
+        } else if (c == '|') {
+            last = NOTHING;
+        } else if (c == '^' || c == '$') {
+            last = ANCHOR;
+        } else if (c == '{' || c == '}') {
+            one[0] = '\\', one[1] = c; /* a literal (no quantifier: quantifier_at) */
         }
-        if (c != ')') group_counted = false;
-        if (c == '*' || c == '+' || c == '?' || c == '}') quant = true;
         PUT(one);
     }
 #undef PUT
     out[o] = '\0';
     return 0;
+}
+
+/* key compiled into *p (which names its table in messages): 0, or -1
+ * naming the key, *p then holding nothing to free. */
+static int pattern_compile(lora_pattern_t *p, const char *key, const char *path, const char *which) {
+    char ere[1024];
+    if (pattern_to_ere(key, ere, sizeof ere - 16, path, which) != 0) return -1;
+    char full[1100];
+    snprintf(full, sizeof full, "^(.*\\.)?(%s)$", ere);
+    int e = regcomp(&p->re, full, REG_EXTENDED | REG_NOSUB);
+    if (e != 0) {
+        char why[128];
+        regerror(e, &p->re, why, sizeof why);
+        return reel_fail(REEL_E_INVALID, "%s: %s key '%s' is not a regex Reel can read (%s)", path, which, key, why);
+    }
+    if (!(p->key = strdup(key))) {
+        regfree(&p->re);
+        return reel_fail(REEL_E_NOMEM, "out of memory");
+    }
+    return 0;
+}
+
+static void pattern_free(lora_pattern_t *p) {
+    regfree(&p->re);
+    free(p->key);
+}
+
+/* Whether p matches PEFT's module name. */
+static bool pattern_matches(const lora_pattern_t *p, const char *module) {
+    return regexec(&p->re, module, 0, NULL, 0) == 0;
+}
+
+int lora_pattern_match(const char *key, const char *module) {
+    lora_pattern_t p;
+    if (pattern_compile(&p, key, "adapter_config.json", "rank_pattern") != 0) return -1;
+    bool m = pattern_matches(&p, module);
+    pattern_free(&p);
+    return m;
 }
 
 /* rank_pattern (ranks: 1..LORA_MAX_RANK) or alpha_pattern (numbers), each
@@ -406,20 +513,10 @@ static int read_patterns(lora_t *l, const json_t *obj, int which, const char *pa
                              "%s: rank_pattern '%s' must be a rank 1..%d", path, key, LORA_MAX_RANK);
         if (which == 1 && !json_is_number(v))
             return reel_fail(REEL_E_INVALID, "%s: alpha_pattern '%s' must be a number", path, key);
-        char ere[1024];
-        if (pattern_to_ere(key, ere, sizeof ere - 16, path, name) != 0) return -1;
-        char full[1100];
-        snprintf(full, sizeof full, "^(.*\\.)?(%s)$", ere);
         lora_pattern_t *p = &l->pat[which][l->npat[which]];
-        int e = regcomp(&p->re, full, REG_EXTENDED | REG_NOSUB);
-        if (e != 0) {
-            char why[128];
-            regerror(e, &p->re, why, sizeof why);
-            return reel_fail(REEL_E_INVALID, "%s: %s key '%s' is not a regex Reel can read (%s)", path, name, key, why);
-        }
+        if (pattern_compile(p, key, path, name) != 0) return -1;
         l->npat[which]++;
         p->v = json_number_value(v);
-        if (!(p->key = strdup(key))) return reel_fail(REEL_E_NOMEM, "out of memory");
     }
     return 0;
 }
@@ -427,7 +524,7 @@ static int read_patterns(lora_t *l, const json_t *obj, int which, const char *pa
 /* The first key of l->pat[which] that matches PEFT's module name, or NULL. */
 static const lora_pattern_t *pattern_for(const lora_t *l, int which, const char *module) {
     for (int i = 0; i < l->npat[which]; i++)
-        if (regexec(&l->pat[which][i].re, module, 0, NULL, 0) == 0) return &l->pat[which][i];
+        if (pattern_matches(&l->pat[which][i], module)) return &l->pat[which][i];
     return NULL;
 }
 
@@ -984,10 +1081,7 @@ void lora_close(lora_t **lp) {
     }
     free(l->t);
     for (int w = 0; w < 2; w++) {
-        for (int i = 0; i < l->npat[w]; i++) {
-            regfree(&l->pat[w][i].re);
-            free(l->pat[w][i].key);
-        }
+        for (int i = 0; i < l->npat[w]; i++) pattern_free(&l->pat[w][i]);
         free(l->pat[w]);
     }
     free(l);

@@ -125,6 +125,13 @@ lora_t *lora_parse(const char *config, size_t config_len, const char *config_nam
                    const char *sha256);
 void lora_close(lora_t **l);
 
+/* Whether rank_pattern / alpha_pattern key `key` (a Python re pattern)
+ * matches module name `module` as PEFT matches them,
+ * re.match(rf"(.*\.)?({key})$", module), read as lora_open reads keys: 1
+ * or 0, or -1 with a message naming the key where lora_open refuses it
+ * (for tests and tools). */
+int lora_pattern_match(const char *key, const char *module);
+
 /* 0 when every target is a weight of c with the shape the adapter needs
  * ([out, in] for a low-rank part, the difference's own) and no merge could leave F32's range (lora_max_delta below
  * LORA_MAX_DELTA, and each target's unscaled B·A too: r·max|B|·max|A|,

@@ -257,6 +257,111 @@ START_TEST(test_a_pattern_key_that_repeats_a_counted_repetition_is_refused_not_c
 }
 END_TEST
 
+/* A key as PEFT reads it: Python's re takes a '{' that starts no
+ * quantifier ("a{x}", "a{", "{}", "a{1,2,3}") as a literal and reads
+ * "{,n}" and "{,}", where glibc's ERE refused such a key (an adapter PEFT
+ * loads refused) or counted otherwise; a '}' alone is a literal that a
+ * '?' after it repeats ("a}?" matched only "a}"). What Python refuses
+ * (nothing to repeat, a repeated repetition, {m,n} with m > n, "a)") is
+ * refused. Each row is Python 3.11's answer, computed with /usr/bin/python3
+ * as re.match(rf"(.*\.)?({key})$", name): 1, 0, or -1 for re.error. */
+START_TEST(test_pattern_keys_match_module_names_as_pythons_re_reads_them) {
+    static const struct {
+        const char *key, *name;
+        int python;
+    } rows[] = {
+        { "a{x}", "a{x}", 1 },
+        { "a{", "a{", 1 },
+        { "a{}", "a{}", 1 },
+        { "a{1", "a{1", 1 },
+        { "a{1,2,3}", "a{1,2,3}", 1 },
+        { "{", "{", 1 },
+        { "}", "}", 1 },
+        { "{}", "{}", 1 },
+        { "{x", "{x", 1 },
+        { "q{1}{", "q{", 1 },
+        { "a{,2}{", "aa{", 1 },
+        { "a{x*}", "a{xxx}", 1 },
+        { "a}?", "a", 1 },
+        { "a}?", "a}", 1 },
+        { "ffn.{0", "blocks.0.ffn.{0", 1 },
+        { "a{,2}", "x.aa", 1 },
+        { "a{,2}", "aaa", 0 },
+        { "a{,}", "aaaa", 1 },
+        { "a{2}", "aa", 1 },
+        { "a{2}", "a{2}", 0 },
+        { "a{02}", "aa", 1 },
+        { "a{1,}?", "aaa", 1 },
+        { "x{1}", "x", 1 },
+        { "x{,1}y", "y", 1 },
+        { "a{0}", "x.", 1 },
+        { "a{0}", "x.a", 0 },
+        { "a{1,2}?", "aa", 1 },
+        { "blocks\\.\\d{1,2}\\.self_attn\\.q", "blocks.12.self_attn.q", 1 },
+        { "blocks\\.\\d{1,2}\\.self_attn\\.q", "blocks.123.self_attn.q", 0 },
+        { "blocks.[0-9]{2,}.ffn.0", "blocks.40.ffn.0", 1 },
+        { "blocks.[0-9]{2,}.ffn.0", "blocks.4.ffn.0", 0 },
+        { "{1,}", "a", -1 },
+        { "{,1}", "a", -1 },
+        { "x|{2}", "x", -1 },
+        { "^{2}", "a", -1 },
+        { "({1})", "a", -1 },
+        { "a{2}{3}", "aaaaaa", -1 },
+        { "a*{2}", "a", -1 },
+        { "a**", "a", -1 },
+        { "a?{2}", "a", -1 },
+        { "a{1}?{2}", "a", -1 },
+        { "a*??", "a", -1 },
+        { "a{3,2}", "aaa", -1 },
+        { "a{4294967295}", "a", -1 },
+        { "*a", "a", -1 },
+        { "a|*", "a", -1 },
+        { "(*a)", "a", -1 },
+        { "a)", "a", -1 },
+        { "a*?", "aaa", 1 },
+        { "a+?", "a", 1 },
+        { "a|", "x.", 1 },
+        { "a|", "a", 1 },
+        { "|a", "a", 1 },
+        { "()", "x.", 1 },
+        { "self_attn.q", "blocks.0.self_attn.q", 1 },
+        { "self_attn.q", "blocks.0.self_attnXq", 1 },
+        { "elf_attn.q", "blocks.0.self_attn.q", 0 },
+        { "blocks.1.self_attn.k", "blocks.11.self_attn.k", 0 },
+        { "blocks\\.1.self_attn.k", "blocks.1.self_attn.k", 1 },
+        { "blocks\\.1.self_attn.k", "blocks.1Xself_attn.k", 1 },
+        { "q", "q", 1 },
+        { "q", "x.q", 1 },
+        { "q", "xq", 0 },
+        { "to_out.0", "attn1.to_out.0", 1 },
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        int got = lora_pattern_match(rows[i].key, rows[i].name);
+        ck_assert_msg(got == rows[i].python, "key '%s', name '%s': %d, Python %d (%s)", rows[i].key, rows[i].name, got,
+                      rows[i].python, got < 0 ? reel_err_text() : "");
+        if (got < 0) ck_assert_msg(strstr(reel_err_text(), rows[i].key), "%s", reel_err_text());
+    }
+    /* what Python reads and Reel refuses, naming the key: a possessive
+     * quantifier (Python 3.11's; an error before), nested counts, and a
+     * ')' that would close PEFT's own group around the key */
+    static const char *const refused[] = { "a{1,2}+", "(a{2}){3}", "a)|(b" };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        ck_assert_int_eq(lora_pattern_match(refused[i], "a"), -1);
+        ck_assert_msg(strstr(reel_err_text(), refused[i]), "%s", reel_err_text());
+    }
+    /* and in an adapter: keys with literal braces load (and match no
+     * module), a {m} one gives its modules their rank */
+    const int ranks[] = { 4, 2, 4, 4, 4, 2, 4, 4 };
+    lora_t *l;
+    TS_NEW(l = lora_open(make_mixed("pat_brace", "{\"r\": 4, \"lora_alpha\": 4, \"rank_pattern\": "
+                                    "{\"self_attn.{q}\": 2, \"ffn.{0\": 2, \"self_attn.k{1}\": 2}}", "", attn, 4,
+                                    ranks)));
+    merged_at(l, "blocks.1.self_attn.k.weight", 2, 4, false);
+    merged_at(l, "blocks.1.self_attn.q.weight", 4, 4, false);
+    lora_close(&l);
+}
+END_TEST
+
 START_TEST(test_diffusers_names_and_bf16_map_to_the_same_weights_as_wan_names) {
     const char *p = make_adapter("dif", CFG(2, 2, ""), "transformer.", every_diffusers, 10, 2, 5, KERN_BF16);
     lora_t *l;
@@ -1279,6 +1384,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_diffusers_names_and_bf16_map_to_the_same_weights_as_wan_names);
     tcase_add_test(tc, test_rank_and_alpha_patterns_give_each_module_its_own_r_and_alpha);
     tcase_add_test(tc, test_a_pattern_key_that_repeats_a_counted_repetition_is_refused_not_compiled);
+    tcase_add_test(tc, test_pattern_keys_match_module_names_as_pythons_re_reads_them);
     tcase_add_test(tc, test_refusals_name_their_cause);
     tcase_add_test(tc, test_adapters_without_a_config_take_the_files_own_ranks_and_alphas);
     tcase_add_test(tc, test_alpha_less_files_of_mixed_ranks_take_s_1_per_target_not_the_first_ranks_ratio);
