@@ -20,9 +20,13 @@
 
 /* One key of rank_pattern or alpha_pattern: PEFT's regex, compiled as
  * POSIX ERE ^(.*\.)?(KEY)$ (PEFT's re.match(rf"(.*\.)?({key})$", name)),
- * and its value. */
+ * and its value. A key of plain characters, '.' and escaped punctuation
+ * (a module's name, as tools that give each module its rank write it) is
+ * kept as lit instead, compared without a regex (pattern_matches). */
 typedef struct {
-    regex_t re;
+    regex_t re;     /* when !lit */
+    char *lit;      /* a literal key's characters, 0 for its '.'s (any character but a newline); or NULL */
+    size_t lit_len;
     char *key;
     double v;
 } lora_pattern_t;
@@ -40,6 +44,7 @@ struct lora {
     int use_dora;    /* the config's "use_dora": 1 true, 0 false, -1 not said */
     lora_pattern_t *pat[2]; /* rank_pattern, alpha_pattern, in the config's order (the first match wins) */
     int npat[2];
+    long regex_runs;        /* regexec calls while reading (lora_regex_runs) */
     const char *layout;
     char sha[65];
     size_t bytes;
@@ -459,43 +464,89 @@ static int pattern_to_ere(const char *key, char *out, size_t len, const char *pa
     return 0;
 }
 
+/* key's characters into p->lit when it is a literal one: plain ASCII
+ * characters (Python's '.' takes one UTF-8 character, not one byte), '.'
+ * (any character but a newline, as Python's '.') and escaped punctuation,
+ * nothing else Python's re reads as special. Then
+ * ^(.*\.)?(KEY)$ matches exactly the names whose last lit_len characters
+ * match KEY position by position, the whole name or after a '.': KEY
+ * matches lit_len characters, no fewer or more, so it can only take the
+ * name's tail, and what is left before it is "" or what .*\. matches (a
+ * string ending in '.'). 0 (p->lit NULL when the key is no literal), or
+ * -1 out of memory. */
+static int pattern_literal(lora_pattern_t *p, const char *key) {
+    p->lit = NULL;
+    size_t n = 0;
+    for (const char *c = key; *c; c++, n++) {
+        if (strchr("^$*+?{}[]|()", *c) || (unsigned char)*c >= 0x80) return 0;
+        if (*c == '\\' && (!c[1] || (c[1] >= 'a' && c[1] <= 'z') || (c[1] >= 'A' && c[1] <= 'Z') ||
+                           (c[1] >= '0' && c[1] <= '9')))
+            return 0; /* \d, \b, a backreference: pattern_to_ere's */
+        if (*c == '\\') c++;
+    }
+    if (!(p->lit = malloc(n ? n : 1))) return reel_fail(REEL_E_NOMEM, "out of memory");
+    p->lit_len = n;
+    n = 0;
+    for (const char *c = key; *c; c++) p->lit[n++] = *c == '.' ? 0 : *c == '\\' ? *++c : *c;
+    return 0;
+}
+
 /* key compiled into *p (which names its table in messages): 0, or -1
  * naming the key, *p then holding nothing to free. */
 static int pattern_compile(lora_pattern_t *p, const char *key, const char *path, const char *which) {
-    char ere[1024];
-    if (pattern_to_ere(key, ere, sizeof ere - 16, path, which) != 0) return -1;
-    char full[1100];
-    snprintf(full, sizeof full, "^(.*\\.)?(%s)$", ere);
-    int e = regcomp(&p->re, full, REG_EXTENDED | REG_NOSUB);
-    if (e != 0) {
-        char why[128];
-        regerror(e, &p->re, why, sizeof why);
-        return reel_fail(REEL_E_INVALID, "%s: %s key '%s' is not a regex Reel can read (%s)", path, which, key, why);
+    if (pattern_literal(p, key) != 0) return -1;
+    if (!p->lit) {
+        char ere[1024];
+        if (pattern_to_ere(key, ere, sizeof ere - 16, path, which) != 0) return -1;
+        char full[1100];
+        snprintf(full, sizeof full, "^(.*\\.)?(%s)$", ere);
+        int e = regcomp(&p->re, full, REG_EXTENDED | REG_NOSUB);
+        if (e != 0) {
+            char why[128];
+            regerror(e, &p->re, why, sizeof why);
+            return reel_fail(REEL_E_INVALID, "%s: %s key '%s' is not a regex Reel can read (%s)", path, which, key,
+                             why);
+        }
     }
     if (!(p->key = strdup(key))) {
-        regfree(&p->re);
+        if (p->lit) free(p->lit);
+        else regfree(&p->re);
         return reel_fail(REEL_E_NOMEM, "out of memory");
     }
     return 0;
 }
 
 static void pattern_free(lora_pattern_t *p) {
-    regfree(&p->re);
+    if (p->lit) free(p->lit);
+    else regfree(&p->re);
     free(p->key);
 }
 
-/* Whether p matches PEFT's module name. */
-static bool pattern_matches(const lora_pattern_t *p, const char *module) {
-    return regexec(&p->re, module, 0, NULL, 0) == 0;
+/* Whether p matches PEFT's module name (a literal key by its characters,
+ * pattern_literal; else its regex, counted in *runs). */
+static bool pattern_matches(const lora_pattern_t *p, const char *module, long *runs) {
+    if (!p->lit) {
+        ++*runs;
+        return regexec(&p->re, module, 0, NULL, 0) == 0;
+    }
+    size_t n = strlen(module), k = p->lit_len;
+    if (n < k || (n > k && module[n - k - 1] != '.')) return false;
+    const char *tail = module + n - k;
+    for (size_t i = k; i-- > 0;)
+        if (p->lit[i] ? tail[i] != p->lit[i] : tail[i] == '\n') return false;
+    return true;
 }
 
 int lora_pattern_match(const char *key, const char *module) {
     lora_pattern_t p;
+    long runs = 0;
     if (pattern_compile(&p, key, "adapter_config.json", "rank_pattern") != 0) return -1;
-    bool m = pattern_matches(&p, module);
+    bool m = pattern_matches(&p, module, &runs);
     pattern_free(&p);
     return m;
 }
+
+long lora_regex_runs(const lora_t *l) { return l->regex_runs; }
 
 /* rank_pattern (ranks: 1..LORA_MAX_RANK) or alpha_pattern (numbers), each
  * key compiled, into l->pat[which]. */
@@ -522,9 +573,9 @@ static int read_patterns(lora_t *l, const json_t *obj, int which, const char *pa
 }
 
 /* The first key of l->pat[which] that matches PEFT's module name, or NULL. */
-static const lora_pattern_t *pattern_for(const lora_t *l, int which, const char *module) {
+static const lora_pattern_t *pattern_for(lora_t *l, int which, const char *module) {
     for (int i = 0; i < l->npat[which]; i++)
-        if (pattern_matches(&l->pat[which][i], module)) return &l->pat[which][i];
+        if (pattern_matches(&l->pat[which][i], module, &l->regex_runs)) return &l->pat[which][i];
     return NULL;
 }
 
@@ -733,34 +784,37 @@ static int add_tensor(lora_t *l, const st_file_t *f, const st_tensor_t *t, size_
     if (t->ndim != 2)
         return reel_fail(REEL_E_INVALID, "%s: %d dimensions, a LoRA matrix has 2", t->name, t->ndim);
     int64_t rank = is_b ? t->shape[1] : t->shape[0], other = is_b ? t->shape[0] : t->shape[1];
-    /* the module's r and alpha: rank_pattern's and alpha_pattern's first
-     * key matching its name as PEFT saw it, else the config's */
-    const lora_pattern_t *pr = l->from_file ? NULL : pattern_for(l, 0, k.peft),
-                         *pa = l->from_file ? NULL : pattern_for(l, 1, k.peft);
-    const int r_m = pr ? (int)pr->v : l->r;
-    const double alpha_m = pa ? pa->v : l->alpha;
-    if (!l->from_file && rank != r_m && pr)
-        return reel_fail(REEL_E_INVALID, "%s: rank %lld is not %d, the r rank_pattern '%s' gives module %s", t->name,
-                         (long long)rank, r_m, pr->key, k.peft);
-    if (!l->from_file && rank != r_m)
-        return reel_fail(REEL_E_INVALID, "%s: rank %lld is not the config's r = %d%s%s", t->name, (long long)rank, l->r,
-                         l->npat[0] ? " (no rank_pattern key matches module " : "", l->npat[0] ? k.peft : "");
     if (l->from_file && (rank < 1 || rank > LORA_MAX_RANK))
         return reel_fail(rank < 1 ? REEL_E_INVALID : REEL_E_LIMIT, "%s: rank %lld (1..%d)", t->name, (long long)rank,
                          LORA_MAX_RANK);
     if (other < 1) return reel_fail(REEL_E_INVALID, "%s: an empty dimension", t->name);
     lora_target_t *g = target_for(l, k.weight, cap);
     if (!g) return -1;
-    if ((g->a || g->b) && g->rank != rank)
-        return reel_fail(REEL_E_INVALID, "%s: rank %lld, its other matrix's is %lld", t->name, (long long)rank,
-                         (long long)g->rank);
-    g->rank = rank;
-    if (!l->from_file) {
+    if (g->a || g->b) {
+        /* its other matrix came first: the module's r, alpha and s are
+         * known, its name is not matched against the patterns again */
+        if (g->rank != rank)
+            return reel_fail(REEL_E_INVALID, "%s: rank %lld, its other matrix's is %lld", t->name, (long long)rank,
+                             (long long)g->rank);
+    } else if (!l->from_file) {
+        /* the module's r and alpha: rank_pattern's and alpha_pattern's
+         * first key matching its name as PEFT saw it, else the config's */
+        const lora_pattern_t *pr = pattern_for(l, 0, k.peft), *pa = pattern_for(l, 1, k.peft);
+        const int r_m = pr ? (int)pr->v : l->r;
+        const double alpha_m = pa ? pa->v : l->alpha;
+        if (rank != r_m && pr)
+            return reel_fail(REEL_E_INVALID, "%s: rank %lld is not %d, the r rank_pattern '%s' gives module %s",
+                             t->name, (long long)rank, r_m, pr->key, k.peft);
+        if (rank != r_m)
+            return reel_fail(REEL_E_INVALID, "%s: rank %lld is not the config's r = %d%s%s", t->name, (long long)rank,
+                             l->r, l->npat[0] ? " (no rank_pattern key matches module " : "",
+                             l->npat[0] ? k.peft : "");
         g->scale = (float)(l->rslora ? alpha_m / sqrt((double)r_m) : alpha_m / r_m);
         if (!isfinite(g->scale))
             return reel_fail(REEL_E_INVALID, "%s: alpha %g gives no finite scale (module %s)", t->name, alpha_m, k.peft);
         g->alpha = alpha_m; /* has_alpha stays false: no module alpha key */
     }
+    g->rank = rank;
     if (is_b ? g->b != NULL : g->a != NULL)
         return reel_fail(REEL_E_INVALID, "%s: a second lora_%c for %s", t->name, is_b ? 'B' : 'A', k.weight);
     float *v = read_finite(f, t, (size_t)(rank * other));

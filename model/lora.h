@@ -131,6 +131,11 @@ void lora_close(lora_t **l);
  * or 0, or -1 with a message naming the key where lora_open refuses it
  * (for tests and tools). */
 int lora_pattern_match(const char *key, const char *module);
+/* How many times reading l ran a rank_pattern / alpha_pattern regex over
+ * a module's name (for tests): a key that is a module's name (plain
+ * characters, '.' and escaped punctuation) is compared without one, and a
+ * module's name is matched once, not once per matrix. */
+long lora_regex_runs(const lora_t *l);
 
 /* 0 when every target is a weight of c with the shape the adapter needs
  * ([out, in] for a low-rank part, the difference's own) and no merge could leave F32's range (lora_max_delta below

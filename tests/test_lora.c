@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "tests/support.h"
 
@@ -334,6 +335,15 @@ START_TEST(test_pattern_keys_match_module_names_as_pythons_re_reads_them) {
         { "q", "x.q", 1 },
         { "q", "xq", 0 },
         { "to_out.0", "attn1.to_out.0", 1 },
+        { "", "x.", 1 },
+        { "", "q", 0 },
+        { "\\.q", "x..q", 1 },
+        { "\\.q", "x.q", 0 },
+        { "q.", "q\n", 0 },
+        { "q.", "q.", 1 },
+        { "blocks.0.ffn.0", "xblocks.0.ffn.0", 0 },
+        { "blocks.0.ffn.0", "x.blocks.0.ffn.0", 1 },
+        { "ffn\\.0", "blocks.0.ffnX0", 0 },
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         int got = lora_pattern_match(rows[i].key, rows[i].name);
@@ -359,6 +369,98 @@ START_TEST(test_pattern_keys_match_module_names_as_pythons_re_reads_them) {
     merged_at(l, "blocks.1.self_attn.k.weight", 2, 4, false);
     merged_at(l, "blocks.1.self_attn.q.weight", 4, 4, false);
     lora_close(&l);
+}
+END_TEST
+
+/* An adapter folder dir/name of every block Linear in `blocks` blocks
+ * (Wan's names under base_model.model., [8, 8] Linears), module i of
+ * block n at rank rank_of(n), and config cfg. */
+static const char *make_wide(const char *name, const char *cfg, int blocks, int (*rank_of)(int)) {
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    ts_write_file(ts_join(path, "adapter_config.json"), cfg, strlen(cfg));
+    st_writer_t *w = st_writer_new();
+    ck_assert_ptr_nonnull(w);
+    float v[8 * LORA_MAX_RANK];
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) v[i] = 0.01f * (float)(i % 7);
+    for (int n = 0; n < blocks; n++)
+        for (int i = 0; i < 10; i++) {
+            int64_t r = rank_of(n), sa[2] = { r, 8 }, sb[2] = { 8, r };
+            char ka[160], kb[160];
+            snprintf(ka, sizeof ka, "base_model.model.blocks.%d.%s.lora_A.weight", n, every[i]);
+            snprintf(kb, sizeof kb, "base_model.model.blocks.%d.%s.lora_B.weight", n, every[i]);
+            ck_assert_int_eq(st_writer_add_f32(w, ka, 2, sa, v), 0);
+            ck_assert_int_eq(st_writer_add_f32(w, kb, 2, sb, v), 0);
+        }
+    ck_assert_int_eq(st_writer_save(w, ts_join(path, "adapter_model.safetensors")), 0);
+    st_writer_destroy(&w);
+    return path;
+}
+
+static int rank_2_below_100(int n) { return n < 100 ? 2 : 1; }
+
+static double ms_since(const struct timespec *t0) {
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* A config with a key per module, as tools that allocate ranks per layer
+ * write it (1,000 rank_pattern keys, 300 alpha_pattern keys), against an
+ * adapter of 4,000 modules (8,000 tensors): every module gets the first
+ * matching key's r and alpha. Each key was a regex run for every matrix
+ * (8,000 x 1,300: lora_open took 5.3 s on 2 cores); a key that is a
+ * module's name is now compared as characters, and a module's name is
+ * matched once. Its time is printed, not asserted. */
+START_TEST(test_a_thousand_pattern_keys_against_thousands_of_modules_give_each_its_own_r_and_alpha) {
+    enum { BLOCKS = 400 };
+    char *cfg = malloc(LORA_CONFIG_MAX);
+    ck_assert_ptr_nonnull(cfg);
+    for (int form = 0; form < 2; form++) {
+        /* form 0: literal module names (PEFT's own, dots unescaped), and
+         * escaped ones for alpha; form 1: regexes, one per block */
+        int o = snprintf(cfg, LORA_CONFIG_MAX, "{\"r\": 1, \"lora_alpha\": 4, \"rank_pattern\": {");
+        for (int n = 0; n < 100; n++)
+            for (int i = 0; i < (form ? 1 : 10); i++)
+                o += snprintf(cfg + o, (size_t)(LORA_CONFIG_MAX - o), "%s\"blocks.%d.%s\": 2", n || i ? ", " : "", n,
+                              form ? "((self|cross)_attn\\\\.[qkvo]|ffn\\\\.[02])" : every[i]);
+        o += snprintf(cfg + o, (size_t)(LORA_CONFIG_MAX - o), "}, \"alpha_pattern\": {");
+        for (int n = 100; n < 130; n++)
+            for (int i = 0; i < (form ? 1 : 10); i++)
+                o += snprintf(cfg + o, (size_t)(LORA_CONFIG_MAX - o), "%s\"blocks\\\\.%d\\\\.%s\": 8",
+                              n > 100 || i ? ", " : "", n, form ? "(self|cross)_attn\\\\.[qkvo]" : every[i]);
+        o += snprintf(cfg + o, (size_t)(LORA_CONFIG_MAX - o), "}}");
+        ck_assert_int_lt(o, LORA_CONFIG_MAX);
+        const char *p = make_wide(form ? "wide_re" : "wide", cfg, BLOCKS, rank_2_below_100);
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        lora_t *l;
+        TS_NEW(l = lora_open(p));
+        fprintf(stderr, "test_lora: lora_open of %d modules against %s keys (%d bytes of config) took %.0f ms\n",
+                BLOCKS * 10, form ? "100 + 30 regex" : "1000 + 300 literal", o, ms_since(&t0));
+        ck_assert_int_eq(lora_n_targets(l), BLOCKS * 10);
+        /* literal keys run no regex; regex keys run once per module and
+         * key up to the first that matches, not once per matrix */
+        long runs = 0;
+        for (int n = 0; form && n < BLOCKS; n++)
+            for (int i = 0; i < 10; i++)
+                runs += (n < 100 ? n + 1 : 100) + (n >= 100 && n < 130 && i < 8 ? n - 99 : 30);
+        ck_assert_int_eq(lora_regex_runs(l), runs);
+        for (int n = 0; n < BLOCKS; n++)
+            for (int i = 0; i < 10; i++) {
+                char wt[80];
+                snprintf(wt, sizeof wt, "blocks.%d.%s.weight", n, every[i]);
+                const lora_target_t *t = lora_find(l, wt);
+                ck_assert_msg(t != NULL, "%s", wt);
+                /* form 1's alpha keys name attention only: the FFN keeps lora_alpha */
+                double alpha = n >= 100 && n < 130 && (!form || i < 8) ? 8 : 4;
+                ck_assert_msg(t->rank == rank_2_below_100(n) && t->alpha == alpha, "%s: rank %lld alpha %g", wt,
+                              (long long)t->rank, t->alpha);
+            }
+        lora_close(&l);
+    }
+    free(cfg);
 }
 END_TEST
 
@@ -1385,6 +1487,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_rank_and_alpha_patterns_give_each_module_its_own_r_and_alpha);
     tcase_add_test(tc, test_a_pattern_key_that_repeats_a_counted_repetition_is_refused_not_compiled);
     tcase_add_test(tc, test_pattern_keys_match_module_names_as_pythons_re_reads_them);
+    tcase_add_test(tc, test_a_thousand_pattern_keys_against_thousands_of_modules_give_each_its_own_r_and_alpha);
     tcase_add_test(tc, test_refusals_name_their_cause);
     tcase_add_test(tc, test_adapters_without_a_config_take_the_files_own_ranks_and_alphas);
     tcase_add_test(tc, test_alpha_less_files_of_mixed_ranks_take_s_1_per_target_not_the_first_ranks_ratio);
