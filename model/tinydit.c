@@ -130,8 +130,13 @@ static bool bf16_finite(const void *p, size_t n) {
     return true;
 }
 
+/* The bytes after a tensor of `bytes` up to its 256-byte slot's end. */
+static size_t pad_of(size_t bytes) { return (256 - bytes % 256) % 256; }
+
 /* Copies every tensor of l from f into m's arena, in list order, each
- * 256-byte aligned; with set_slots, points the model's tensors at them.
+ * 256-byte aligned, the rest of its slot zeroed (the arena's bytes are
+ * what tdit_model_weights shows: none left as the allocator had them);
+ * with set_slots, points the model's tensors at them.
  * An edit (or NULL) picks the tensors copied and adjusts their values. */
 static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, bool set_slots,
                         const tdit_weight_edit_t *edit, bool judged) {
@@ -166,6 +171,7 @@ static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, b
                 !finite_weight(e->name, kern_tensor_ptr(&t), n, edit))
                 goto out;
             if (set_slots) *e->slot = t;
+            memset((char *)kern_tensor_ptr(&t) + n * esz, 0, pad_of(n * esz));
             off += (n * esz + 255) & ~(size_t)255;
             continue;
         }
@@ -188,7 +194,10 @@ static int copy_weights(tdit_model_t *m, const st_file_t *f, const wlist_t *l, b
             }
             src = narrow;
         }
-        if (kern_copy_h2d(s, kern_tensor_ptr(&t), src, n * esz) != 0 || kern_stream_sync(s) != 0)
+        static const unsigned char zeros[256];
+        if (kern_copy_h2d(s, kern_tensor_ptr(&t), src, n * esz) != 0 ||
+            (pad_of(n * esz) && kern_copy_h2d(s, (char *)kern_tensor_ptr(&t) + n * esz, zeros, pad_of(n * esz)) != 0) ||
+            kern_stream_sync(s) != 0)
             goto out;
         off += (n * esz + 255) & ~(size_t)255;
     }
