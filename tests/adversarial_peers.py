@@ -632,7 +632,10 @@ def run_worker(a):
     # max_inflight REQUESTs; each one past that is answered busy at once,
     # and the held ones run on (long ones here: none ends before the
     # answers are counted), then end when cancelled. Before: every one was
-    # taken, each holding its tensors, as many as the broker sent.
+    # taken, each holding its tensors, as many as the broker sent. The two
+    # REQUESTs just answered count until their jobs let go (after their
+    # RESULTs went: a busy machine lags there), so up to 2 more of the
+    # burst may be refused; the refused are always its last ones.
     most, extra = 4 * max_inflight, 3
     rids = [next(ids) for _ in range(most + extra)]
     for rid in rids:
@@ -642,21 +645,22 @@ def run_worker(a):
         m = fb.wait(lambda h, t: h.get("id") in rids and h.get("type") in ("RESULT", "ERROR"), 30)
         if m:
             answers.append(m)
-    answers += [g for g in fb.drain(0.5) if g[0].get("id") in rids and g[0].get("type") in ("RESULT", "ERROR")]
+    answers += [g for g in fb.drain(1.0) if g[0].get("id") in rids and g[0].get("type") in ("RESULT", "ERROR")]
     refused = sorted(h["id"] for h, _ in answers if h["type"] == "ERROR" and h.get("code") == "busy")
-    say(refused == rids[most:] and len(answers) == extra and all(f"holds {most} requests" in h.get("message", "")
-                                                                 for h, _ in answers),
-        f"{most + extra} REQUESTs to a worker of max_inflight {max_inflight}: the {extra} past {most} are answered "
-        f"busy, the rest held ({[why(g) for g in answers]})")
-    for rid in rids[:most]:
+    held = rids[:len(rids) - len(refused)]
+    say(extra <= len(refused) <= extra + 2 and refused == rids[len(held):] and len(answers) == len(refused) and
+        all(f"holds {most} requests" in h.get("message", "") for h, _ in answers),
+        f"{most + extra} REQUESTs to a worker of max_inflight {max_inflight}: those past {most} held are answered "
+        f"busy ({len(held)} held), the rest held ({[why(g) for g in answers]})")
+    for rid in held:
         fb.send({"type": "CANCEL", "id": rid})
     ended = []
-    for _ in range(most):
-        m = fb.wait(lambda h, t: h.get("id") in rids[:most] and h.get("type") in ("RESULT", "ERROR"), 60)
+    for _ in range(len(held)):
+        m = fb.wait(lambda h, t: h.get("id") in held and h.get("type") in ("RESULT", "ERROR"), 60)
         if m:
             ended.append(m)
-    say(len(ended) == most and all(h["type"] == "ERROR" and h.get("code") == "cancelled" for h, _ in ended),
-        f"the {most} held REQUESTs run until cancelled ({[why(g) for g in ended]})")
+    say(len(ended) == len(held) > 0 and all(h["type"] == "ERROR" and h.get("code") == "cancelled" for h, _ in ended),
+        f"the {len(held)} held REQUESTs run until cancelled ({[why(g) for g in ended]})")
 
     still_bitwise("the refused REQUESTs")
 

@@ -135,7 +135,7 @@ py_checks() {
         *) echo "  | $line" ;;
         esac
     done <"$1"
-    [ "$2" = 0 ] || bad "the numpy checks (exit $2)"
+    [ "$2" = 0 ] || bad "the Python checks exited $2"
 }
 
 # ---- long GENs under a broker's death (cli_standby.sh, cli_hosts_pair.sh) ----
