@@ -87,23 +87,29 @@ static void fill(sqlite3 *db, in_t *in) {
     }
 }
 
-/* Removes path and its WAL side files. */
-static void remove_db(const char *path) {
+/* Removes db and its WAL side files. */
+static void remove_db(const char *db) {
     char side[96];
-    unlink(path);
-    snprintf(side, sizeof side, "%s-wal", path);
+    unlink(db);
+    snprintf(side, sizeof side, "%s-wal", db);
     unlink(side);
-    snprintf(side, sizeof side, "%s-shm", path);
+    snprintf(side, sizeof side, "%s-shm", db);
     unlink(side);
 }
 
+/* The process's catalog file, made on the first run; removed at exit so a
+ * run (make test's 3 s included) leaves nothing in /tmp. */
+static char path[64];
+
+static void remove_db_at_exit(void) { remove_db(path); }
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static char path[64];
     static unsigned char *pristine; /* the real schema, migrated once */
     static size_t pristine_len;
     if (!pristine) {
         snprintf(path, sizeof path, "/tmp/reel-fuzz-cat-%d.db", (int)getpid());
         remove_db(path);
+        atexit(remove_db_at_exit);
         cat_t *c = cat_open(path, false);
         if (!c) abort();
         cat_close(&c);
