@@ -645,22 +645,28 @@ def run_worker(a):
         m = fb.wait(lambda h, t: h.get("id") in rids and h.get("type") in ("RESULT", "ERROR"), 30)
         if m:
             answers.append(m)
-    answers += [g for g in fb.drain(1.0) if g[0].get("id") in rids and g[0].get("type") in ("RESULT", "ERROR")]
-    refused = sorted(h["id"] for h, _ in answers if h["type"] == "ERROR" and h.get("code") == "busy")
-    held = rids[:len(rids) - len(refused)]
-    say(extra <= len(refused) <= extra + 2 and refused == rids[len(held):] and len(answers) == len(refused) and
-        all(f"holds {most} requests" in h.get("message", "") for h, _ in answers),
-        f"{most + extra} REQUESTs to a worker of max_inflight {max_inflight}: those past {most} held are answered "
-        f"busy ({len(held)} held), the rest held ({[why(g) for g in answers]})")
-    for rid in held:
-        fb.send({"type": "CANCEL", "id": rid})
+    answers += [g for g in fb.drain(0.5) if g[0].get("id") in rids and g[0].get("type") in ("RESULT", "ERROR")]
+    # every id not answered yet is cancelled: a held one ends cancelled, and
+    # a refusal that came late (a busy machine) is still its busy answer
+    for rid in rids:
+        if all(h["id"] != rid for h, _ in answers):
+            fb.send({"type": "CANCEL", "id": rid})
     ended = []
-    for _ in range(len(held)):
-        m = fb.wait(lambda h, t: h.get("id") in held and h.get("type") in ("RESULT", "ERROR"), 60)
+    for _ in range(len(rids) - len(answers)):
+        m = fb.wait(lambda h, t: h.get("id") in rids and h.get("type") in ("RESULT", "ERROR"), 60)
         if m:
             ended.append(m)
-    say(len(ended) == len(held) > 0 and all(h["type"] == "ERROR" and h.get("code") == "cancelled" for h, _ in ended),
-        f"the {len(held)} held REQUESTs run until cancelled ({[why(g) for g in ended]})")
+    every = answers + ended
+    refused = sorted(h["id"] for h, _ in every if h["type"] == "ERROR" and h.get("code") == "busy")
+    held = rids[:len(rids) - len(refused)]
+    say(extra <= len(refused) <= extra + 2 and refused == rids[len(held):] and
+        all(f"holds {most} requests" in h.get("message", "") for h, _ in every if h.get("code") == "busy"),
+        f"{most + extra} REQUESTs to a worker of max_inflight {max_inflight}: those past {most} held are answered "
+        f"busy ({len(held)} held) ({[why(g) for g in every if g[0].get('code') == 'busy']})")
+    cancelled = [g for g in every if g[0]["id"] in held]
+    say(len(cancelled) == len(held) > 0 and all(h["type"] == "ERROR" and h.get("code") == "cancelled"
+                                                for h, _ in cancelled),
+        f"the {len(held)} held REQUESTs run until cancelled ({[why(g) for g in cancelled]})")
 
     still_bitwise("the refused REQUESTs")
 
