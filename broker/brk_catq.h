@@ -40,7 +40,7 @@
 
 #include "catalog/catalog.h"
 
-#define BRK_CATQ_BATCH 256       /* records that wake the writer at once */
+#define BRK_CATQ_BATCH 1024      /* records that wake the writer at once (256 cost 10% more CPU a record) */
 #define BRK_CATQ_WAIT_MS 20      /* the longest a record waits for its batch */
 #define BRK_CATQ_BATCH_MAX 4096  /* records in one transaction */
 #define BRK_CATQ_MAX 100000      /* kept records before BUSY; events waiting at most */

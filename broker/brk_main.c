@@ -341,6 +341,7 @@ int main(int argc, char **argv) {
         return reel_exit_status(reel_err_code());
     }
     tune_malloc(b.opt.max_held_bytes);
+    cat_process_setup(); /* before the catalog and the threads */
     sigset_t old;
     block_stop_signals(&old);
     /* Ids unique across restarts (ms since the epoch, 4096 per ms): a

@@ -7,7 +7,10 @@
  * (reelctl, sqlite3) at once: WAL mode, busy_timeout, writes batched in
  * BEGIN IMMEDIATE transactions, schema migrations by PRAGMA user_version
  * (schema/catalog.sql holds the current schema). Every function returns 0
- * or -1 with a message in reel_err_text() (SQLite's message included). */
+ * or -1 with a message in reel_err_text() (SQLite's message included).
+ * A cat_t is used by one thread at a time (its connection is opened
+ * without SQLite's own lock: the broker hands its writer's to the catalog
+ * thread, which alone uses it from then on). */
 #ifndef REEL_CATALOG_CATALOG_H
 #define REEL_CATALOG_CATALOG_H
 
@@ -22,6 +25,12 @@ extern "C" {
 #endif
 
 typedef struct cat cat_t;
+
+/* A process that writes much (the broker) calls this once in main, before
+ * any thread starts and before any catalog is opened: it turns off
+ * SQLite's process-wide memory statistics (a mutex per allocation). Safe
+ * to skip; a call after SQLite has started does nothing. */
+void cat_process_setup(void);
 
 /* Opens (creating and migrating when writable) the catalog at path.
  * readonly: open an existing catalog for queries; NULL with a message if it
