@@ -27,6 +27,7 @@
 #include "worker/wrk_request.h"
 #include "worker/wrk_sync.h"
 #include "worker/wrk_weights.h"
+#include "model/t2v.h"
 #include "model/wan_ckpt.h"
 #include "base/parse.h"
 #include "tests/support.h"
@@ -63,8 +64,14 @@ START_TEST(test_options_default_to_the_documented_values) {
     ck_assert_int_eq(o.liveness, 3);
     ck_assert_int_eq(o.events_ms, 200);
     ck_assert_int_eq(o.max_tokens, 65536);
+    ck_assert_int_eq(o.max_held_mb, -1); /* the worker's, from its model and max_inflight */
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--max-held-mb", "0", NULL), 0);
+    ck_assert_int_eq(o.max_held_mb, 0);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--max-held-mb", "-1", NULL), -1);
+    ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--max-held-mb", "2G", NULL), -1);
     ck_assert_int_eq(parse(&o, "--name", "w0", "--weights", "w.st", "--streams", "3", "--budget", "512M",
-                      "--policy", "inplace", "--max-tokens", "0", NULL), 0);
+                      "--policy", "inplace", "--max-tokens", "0", "--max-held-mb", "640", NULL), 0);
+    ck_assert_int_eq(o.max_held_mb, 640);
     ck_assert_int_eq(o.max_tokens, 0);
     ck_assert_int_eq(o.max_inflight, 12);
     ck_assert_uint_eq(o.budget, (size_t)512 << 20);
@@ -948,15 +955,18 @@ static void expect_key_refused(const msg_prewarm_key_t *k, const tdit_config_t *
     ck_assert_msg(strstr(err.message, want) != NULL, "message '%s' lacks '%s'", err.message, want);
 }
 
-/* A job held as handle_request holds one: its id, its session. */
-static wrk_job_t *held_job(wrk_t *w, uint64_t id) {
+/* A job held as handle_request holds one: its id, its session, the
+ * tensor bytes copied for it. */
+static wrk_job_t *held_job_of(wrk_t *w, uint64_t id, size_t bytes) {
     wrk_job_t *j = calloc(1, sizeof *j);
     ck_assert_ptr_nonnull(j);
     j->id = id;
     j->epoch = atomic_load(&w->epoch);
-    ck_assert_int_eq(wrk_hold_take(w, j), 0);
+    ck_assert_int_eq(wrk_hold_take(w, j, bytes), 0);
     return j;
 }
+
+static wrk_job_t *held_job(wrk_t *w, uint64_t id) { return held_job_of(w, id, 0); }
 
 /* A CANCEL names only a REQUEST that came before it (one connection keeps
  * order): one of an id the worker does not hold is ignored, as
@@ -1048,6 +1058,105 @@ START_TEST(test_the_holds_count_every_session_until_each_job_and_its_parts_let_g
     ck_assert_uint_eq(wrk_holds(w), 0);
     wrk_shared_fini(w);
     free(w);
+}
+END_TEST
+
+/* --max-held-mb bounds the tensor bytes held REQUESTs keep: each entry's
+ * bytes count from its REQUEST until its job, and every part of a split
+ * group, let go, of this session or an earlier one; then they leave the
+ * sum once, whichever way the job ended. Before, the worker counted only
+ * requests, 4 x --max-inflight of them, each up to 256 MiB. */
+START_TEST(test_the_held_bytes_leave_the_sum_once_when_each_job_and_its_parts_let_go) {
+    wrk_t *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    ck_assert_int_eq(wrk_shared_init(w), 0);
+    atomic_init(&w->epoch, 1);
+    ck_assert_uint_eq(wrk_held_bytes(w), 0);
+    wrk_job_t *a = held_job_of(w, 1, 100), *b = held_job_of(w, 2, 2000);
+    atomic_store(&w->epoch, 2); /* a new broker session: the old ones still keep theirs */
+    wrk_job_t *c = held_job_of(w, 1, 30000);
+    ck_assert_uint_eq(wrk_held_bytes(w), 32100);
+    wrk_job_t *part = calloc(1, sizeof *part);
+    ck_assert_ptr_nonnull(part);
+    *part = *b;
+    atomic_fetch_add(&part->hold->refs, 1); /* as split_group does */
+    ck_assert_uint_eq(wrk_cancel_note(w, 1), 1); /* c cancelled: it keeps its bytes until its job ends */
+    ck_assert_uint_eq(wrk_held_bytes(w), 32100);
+    wrk_job_free(&a);
+    wrk_job_free(&b);
+    ck_assert_uint_eq(wrk_held_bytes(w), 32000); /* b's other part still runs */
+    ck_assert_uint_eq(wrk_held_bytes(w), 32000); /* asking again takes nothing twice */
+    wrk_job_free(&part);
+    ck_assert_uint_eq(wrk_holds(w), 1);
+    ck_assert_uint_eq(wrk_held_bytes(w), 30000);
+    wrk_job_free(&c);
+    ck_assert_uint_eq(wrk_held_bytes(w), 0);
+    ck_assert_uint_eq(wrk_holds(w), 0);
+    /* a job still running at the end: fini lets go of the table's share */
+    wrk_job_t *d = held_job_of(w, 3, 7);
+    ck_assert_uint_eq(wrk_held_bytes(w), 7);
+    wrk_shared_fini(w);
+    ck_assert_uint_eq(w->held_bytes, 0);
+    wrk_job_free(&d);
+    free(w);
+}
+END_TEST
+
+/* What a REQUEST would keep is known before any of it is copied, and is
+ * what wrk_job_from_request copies: the latent as sent (a group's n),
+ * each context as the step reads it (padded to text_len rows when the
+ * config has one), a prompt's text. The most any request keeps is a
+ * GEN's 256 MiB plus that padding and two prompts. */
+START_TEST(test_a_request_keeps_what_its_job_copies_known_before_the_copy) {
+    msg_gen_t g;
+    good_request(&g); /* tiny: context, uncond [5,32], latent [4,2,8,8] */
+    wrk_job_t *j = NULL;
+    wire_err_t err;
+    ck_assert_int_eq(wrk_job_from_request(&g, 42, &tiny, 1, &j, &err), 0);
+    size_t copied = (2 * (size_t)j->shape.text_len * 32 + j->n_latent) * sizeof(float);
+    ck_assert_uint_eq(wrk_request_bytes(&g, &tiny), copied);
+    ck_assert_uint_eq(copied, 2 * 640 + 2048);
+    wrk_job_free(&j);
+    g.uncond = NULL;
+    g.latent = NULL;
+    ck_assert_uint_eq(wrk_request_bytes(&g, &tiny), 640);
+    /* padded to text_len 12: 12 rows each, whatever was sent */
+    tdit_config_t wan = tiny;
+    wan.text_len = 12;
+    good_request(&g);
+    ck_assert_int_eq(wrk_job_from_request(&g, 42, &wan, 1, &j, &err), 0);
+    copied = (2 * (size_t)j->shape.text_len * 32 + j->n_latent) * sizeof(float);
+    ck_assert_uint_eq(wrk_request_bytes(&g, &wan), copied);
+    ck_assert_uint_eq(copied, 2 * 12 * 32 * 4 + 2048);
+    wrk_job_free(&j);
+    /* a group's latents, all n */
+    static float lat3[3 * 4 * 2 * 8 * 8];
+    wire_tensor_t t3;
+    const int64_t l3[5] = { 3, 4, 2, 8, 8 };
+    tensor(&t3, "latent", KERN_F32, 5, l3, lat3);
+    good_request(&g);
+    g.latent = &t3;
+    g.n = 3;
+    ck_assert_uint_eq(wrk_request_bytes(&g, &tiny), 2 * 640 + sizeof lat3);
+    /* a prompt: its text, and Wan's negative prompt when guided */
+    good_request(&g);
+    g.context = g.uncond = NULL;
+    g.latent = NULL;
+    g.prompt = "a cat";
+    g.cfg = 1.0;
+    ck_assert_uint_eq(wrk_request_bytes(&g, &wan), 6);
+    g.cfg = 5.0;
+    g.negative_prompt = "dull";
+    ck_assert_uint_eq(wrk_request_bytes(&g, &wan), 6 + 5);
+    ck_assert_msg(wrk_job_from_request(&g, 42, &wan, 1, &j, &err) == 0, "%s", err.message);
+    ck_assert_uint_eq(strlen(j->prompt) + 1 + strlen(j->neg_prompt) + 1, 6 + 5);
+    wrk_job_free(&j);
+    g.negative_prompt = ""; /* Wan's own */
+    ck_assert_uint_eq(wrk_request_bytes(&g, &wan), 6 + strlen(T2V_WAN_NEG_PROMPT) + 1);
+    /* the most: a GEN's tensors, the padding of two contexts, two prompts */
+    ck_assert_uint_ge(wrk_request_bytes_most(&tiny), (size_t)MSG_MAX_GEN_BYTES);
+    ck_assert_uint_le(wrk_request_bytes_most(&tiny), (size_t)MSG_MAX_GEN_BYTES + 2 * (MSG_MAX_PROMPT_BYTES + 1));
+    ck_assert_uint_eq(wrk_request_bytes_most(&wan), wrk_request_bytes_most(&tiny) + 2 * 12 * 32 * 4);
 }
 END_TEST
 
@@ -1979,6 +2088,7 @@ static Suite *suite(void) {
     t = tcase_create("request");
     tcase_add_checked_fixture(t, setup_tiny, NULL);
     tcase_add_test(t, test_a_good_request_becomes_a_job_with_copies_of_its_tensors);
+    tcase_add_test(t, test_a_request_keeps_what_its_job_copies_known_before_the_copy);
     tcase_add_test(t, test_contexts_are_each_padded_to_text_len_whatever_their_lengths);
     tcase_add_test(t, test_a_group_request_becomes_one_job_of_n_samples);
     tcase_add_test(t, test_a_latent_with_the_wrong_channel_count_is_refused);
@@ -1995,6 +2105,7 @@ static Suite *suite(void) {
     tcase_add_test(t, test_a_cancel_stops_only_the_requests_of_its_id_taken_before_it);
     tcase_add_test(t, test_a_flood_of_cancels_of_ids_not_held_never_undoes_a_real_one);
     tcase_add_test(t, test_the_holds_count_every_session_until_each_job_and_its_parts_let_go);
+    tcase_add_test(t, test_the_held_bytes_leave_the_sum_once_when_each_job_and_its_parts_let_go);
     suite_add_tcase(s, t);
     t = tcase_create("sync");
     tcase_add_checked_fixture(t, setup_root, teardown_root);

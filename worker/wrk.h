@@ -98,8 +98,12 @@ typedef struct {
      * of an id the worker does not hold marks nothing and is kept nowhere,
      * so a REQUEST of that id later runs, and no flood of such CANCELs can
      * push a real one out (a ring of the last 256 CANCELs could). */
-    struct wrk_held { uint64_t epoch, id; wrk_hold_t *hold; } *held;
+    struct wrk_held { uint64_t epoch, id; wrk_hold_t *hold; size_t bytes; } *held;
     size_t n_held, cap_held;
+    /* The tensor bytes the held REQUESTs keep (the sum of held[].bytes:
+     * what wrk_job_from_request copied for each), and the most they may
+     * (--max-held-mb in bytes; 0: no bound). The main thread's. */
+    size_t held_bytes, held_max;
     /* Mixed steps (several requests in one step) run, and the padded rows
      * they computed for nobody (--batch-sizes ladder). */
     _Atomic uint64_t mixed_steps, padded_rows;
@@ -148,15 +152,29 @@ void wrk_drain_hook(wrk_t *w, void (*fn)(void *arg), void *arg);
 /* A worker holds at most this many times its --max-inflight REQUESTs
  * (queued or running, of any broker session): wrk_holds. */
 #define WRK_HELD_PER_INFLIGHT 4
+/* ... and at most --max-held-mb of their tensors: by default this many
+ * times --max-inflight times the most one REQUEST of its model keeps
+ * (wrk_request_bytes_most). A broker that sends at most max_inflight has
+ * no more here; the second share is the slack the count bound keeps too
+ * (requests answered but not yet let go, an earlier session's ending
+ * their step), at the largest size each. Half of what the count alone
+ * would let a broker that ignores max_inflight pin (4 x K x 256 MiB). */
+#define WRK_HELD_BYTES_PER_INFLIGHT 2
 
 /* The REQUESTs held now, queued or running, of any session (those whose
  * job ended are dropped from the table first). The main thread's. Can't
  * fail. */
 size_t wrk_holds(wrk_t *w);
+/* The tensor bytes those keep (w->held_bytes once the ended ones are
+ * dropped: each entry's bytes leave the sum exactly once, as it leaves the
+ * table). The main thread's. Can't fail. */
+size_t wrk_held_bytes(wrk_t *w);
 /* Job j (its id and epoch set), taken from a REQUEST, is held: j->hold is
- * its mark, in w's table until j (and every part made of it) is freed.
- * The main thread's. 0, or -1 out of memory (j unchanged). */
-int wrk_hold_take(wrk_t *w, wrk_job_t *j);
+ * its mark, in w's table until j (and every part made of it) is freed;
+ * `bytes` (wrk_request_bytes: what was copied for it) count in
+ * w->held_bytes as long. The main thread's. 0, or -1 out of memory (j
+ * and w unchanged). */
+int wrk_hold_take(wrk_t *w, wrk_job_t *j, size_t bytes);
 /* The broker cancelled its request id (of the session now): every REQUEST
  * of that id held now is marked (those to come are not). The main
  * thread's. The number marked (0: none held: the CANCEL is ignored).

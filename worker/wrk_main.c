@@ -528,6 +528,30 @@ static int media_fits(const wrk_t *w, const msg_gen_t *r, wire_err_t *err) {
     return -1;
 }
 
+/* Whether the tensors request r would keep (*bytes) fit beside those
+ * the held REQUESTs keep, within --max-held-mb: else busy (or too_large,
+ * for one larger than the bound alone: it never fits), before a byte of
+ * them is copied. Each held one keeps its bytes until its job ends. */
+static int held_bytes_fit(wrk_t *w, const msg_gen_t *r, size_t *bytes, wire_err_t *err) {
+    *bytes = wrk_request_bytes(r, tdit_model_config(w->model));
+    if (!w->held_max) return 0;
+    const size_t held = wrk_held_bytes(w);
+    const double mib = 1024.0 * 1024.0;
+    if (*bytes > w->held_max) {
+        snprintf(err->code, sizeof err->code, "%s", WIRE_E_TOO_LARGE);
+        snprintf(err->message, sizeof err->message,
+                 "a request keeping %.1f MiB of tensors, more than worker %s's --max-held-mb %zu for all it holds",
+                 (double)*bytes / mib, w->opt->name, w->held_max >> 20);
+        return -1;
+    }
+    if (held + *bytes <= w->held_max) return 0;
+    snprintf(err->code, sizeof err->code, "%s", WIRE_E_BUSY);
+    snprintf(err->message, sizeof err->message,
+             "worker %s holds %.1f MiB of requests' tensors, this one %.1f MiB more: at most --max-held-mb %zu, "
+             "none more until one ends", w->opt->name, (double)held / mib, (double)*bytes / mib, w->held_max >> 20);
+    return -1;
+}
+
 static void handle_request(link_t *l, wire_msg_t *m) {
     wrk_t *w = l->w;
     wrk_job_t *job = NULL;
@@ -548,10 +572,11 @@ static void handle_request(link_t *l, wire_msg_t *m) {
                        held, WRK_HELD_PER_INFLIGHT, w->opt->max_inflight);
         return;
     }
-    if (msg_request_decode(m, &r, &err) != 0 ||
-        wrk_request_fits(&r, tdit_model_config(w->model), w->opt->max_tokens, &err) != 0 ||
-        media_fits(w, &r, &err) != 0 ||
-        wrk_job_from_request(&r, m->id, tdit_model_config(w->model), atomic_load(&w->applied_version), &job, &err) != 0) {
+    const tdit_config_t *cfg = tdit_model_config(w->model);
+    size_t bytes = 0;
+    if (msg_request_decode(m, &r, &err) != 0 || wrk_request_fits(&r, cfg, w->opt->max_tokens, &err) != 0 ||
+        media_fits(w, &r, &err) != 0 || held_bytes_fit(w, &r, &bytes, &err) != 0 ||
+        wrk_job_from_request(&r, m->id, cfg, atomic_load(&w->applied_version), &job, &err) != 0) {
         wrk_log(w, "request %" PRIu64 " refused: %s", m->id, err.message);
         /* a field error names its type */
         msg_send_error(l->dealer, NULL, m->id, err.code, "%s%s", strcmp(err.code, WIRE_E_BAD_REQUEST) ? "" : "GEN: ",
@@ -559,13 +584,30 @@ static void handle_request(link_t *l, wire_msg_t *m) {
         return;
     }
     job->epoch = atomic_load(&w->epoch);
-    if (wrk_hold_take(w, job) != 0) { /* a request no CANCEL could stop is not run */
+    if (wrk_hold_take(w, job, bytes) != 0) { /* a request no CANCEL could stop is not run */
         wrk_log(w, "request %" PRIu64 " refused: %s", m->id, reel_err_text());
         msg_send_error(l->dealer, NULL, m->id, WIRE_E_INTERNAL, "%s", reel_err_text());
         wrk_job_free(&job);
         return;
     }
     wrk_exec_submit(l->exec, job);
+}
+
+/* --max-held-mb, or by default WRK_HELD_BYTES_PER_INFLIGHT x
+ * --max-inflight x the most one request of the model keeps, in whole MiB
+ * (the message of a refusal names it as a flag's value). */
+static void set_held_max(wrk_t *w) {
+    const wrk_opts_t *o = w->opt;
+    const size_t most = wrk_request_bytes_most(tdit_model_config(w->model)), mib = (size_t)1 << 20;
+    const size_t dflt = WRK_HELD_BYTES_PER_INFLIGHT * (size_t)o->max_inflight * most;
+    const size_t mb = o->max_held_mb >= 0 ? (size_t)o->max_held_mb : (dflt + mib - 1) / mib;
+    w->held_max = mb * mib;
+    char bound[96] = "no bound on their tensors (--max-held-mb 0)";
+    if (mb)
+        snprintf(bound, sizeof bound, "%zu MiB of their tensors (--max-held-mb%s)", mb,
+                 o->max_held_mb < 0 ? ", default" : "");
+    wrk_log(w, "holds at most %d requests (%d x --max-inflight %d) and %s", WRK_HELD_PER_INFLIGHT * o->max_inflight,
+            WRK_HELD_PER_INFLIGHT, o->max_inflight, bound);
 }
 
 /* PREWARM: the keys this worker will own that were hot lately, to
@@ -1155,6 +1197,7 @@ static int run(const wrk_opts_t *o) {
         code = 2;
         goto out;
     }
+    set_held_max(w);
     if (open_cache(&r, budget) != 0 || open_links(&r, &code) != 0) goto out;
     if (connect_broker(&r.l, wrk_mono_ms()) != 0) { code = 2; goto out; }
     wrk_log(w, "ready (%s, %d streams)", kern_backend_device_name(w->backend), o->streams);

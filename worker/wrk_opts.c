@@ -89,7 +89,16 @@ static const reel_opt_t rows[] = {
               "be stopped half-way, and attention costs N^2; batched samples\n"
               "share a step only within N tokens together" },
     { .name = "max-inflight", .kind = REEL_OPT_INT, .off = O(max_inflight), .lo = 1, .hi = 4096, .arg = "K",
-      .help = "requests the broker may route here at once (S x max(4, N))" },
+      .help = "requests the broker may route here at once (S x max(4, N));\n"
+              "the worker holds at most 4 x K, queued or running, and\n"
+              "answers one past that busy" },
+    { .name = "max-held-mb", .kind = REEL_OPT_I64, .off = O(max_held_mb), .lo = 0, .hi = (long long)1 << 24,
+      .arg = "MB",
+      .help = "MiB of tensors the REQUESTs held keep, all together: one\n"
+              "past it is answered busy before its tensors are copied (0 =\n"
+              "no bound). Default 2 x K x the most one request of the model\n"
+              "keeps (a GEN's 256 MiB, contexts padded to text_len): the K a\n"
+              "broker may send at their largest, and as many again ending" },
     { .name = "threads", .kind = REEL_OPT_INT, .off = O(threads), .lo = 0, .hi = 256, .arg = "N",
       .help = "the CPU backend's thread pool, shared by every stream's\n"
               "GEMMs and attention (0: REEL_THREADS, else the cores this\n"
@@ -193,6 +202,7 @@ int wrk_opts_parse(int argc, char **argv, wrk_opts_t *o) {
     o->streams = 2;
     o->max_tokens = WRK_MAX_TOKENS;
     o->max_inflight = -1;
+    o->max_held_mb = -1;
     o->max_batch = 0; /* the backend's: below */
     o->blas_threads = 0;
     o->threads = 0;

@@ -31,6 +31,9 @@ typedef struct {
     int64_t max_tokens;              /* --max-tokens: a sample's tokens (F x H/p x W/p) at most;
                                       * 0 = unlimited; default WRK_MAX_TOKENS */
     int max_inflight;                /* default streams * max(4, max_batch) */
+    int64_t max_held_mb;             /* --max-held-mb: MiB of tensors the REQUESTs held keep, all
+                                      * together; 0 = no bound; -1 (default): the worker's, from its
+                                      * model (wrk.h WRK_HELD_BYTES_PER_INFLIGHT) */
     int threads;                     /* --threads: the CPU backend's pool, shared by the streams; 0
                                       * (default): REEL_THREADS, else the cores this process may use */
     int blas_threads;                /* --blas-threads (deprecated): N > 0 is --threads N; -1 is

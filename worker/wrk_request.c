@@ -153,6 +153,31 @@ static int job_prompts(wrk_job_t *j, const msg_gen_t *r, wire_err_t *err) {
     return 0;
 }
 
+/* What a context of `sent` bytes is once the step can read it: text_len
+ * rows when the config pads to them (pad_context; msg_gen_validate
+ * refused longer ones), else as sent. */
+static size_t context_kept(size_t sent, const tdit_config_t *cfg) {
+    return cfg->text_len > 0 ? (size_t)cfg->text_len * (size_t)cfg->text_dim * sizeof(float) : sent;
+}
+
+size_t wrk_request_bytes(const msg_gen_t *r, const tdit_config_t *cfg) {
+    size_t n = r->latent ? r->latent->bytes : 0;
+    if (r->prompt && *r->prompt) { /* (as job_prompts and wrk_job_from_request copy them) */
+        const char *neg = r->negative_prompt && *r->negative_prompt ? r->negative_prompt : T2V_WAN_NEG_PROMPT;
+        n += strlen(r->prompt) + 1 + (msg_gen_guided(r) ? strlen(neg) + 1 : 0);
+        return n + (r->uncond ? r->uncond->bytes : 0); /* copied as sent, never padded */
+    }
+    n += r->context ? context_kept(r->context->bytes, cfg) : 0;
+    return n + (r->uncond ? context_kept(r->uncond->bytes, cfg) : 0);
+}
+
+size_t wrk_request_bytes_most(const tdit_config_t *cfg) {
+    size_t pad = context_kept(0, cfg);
+    size_t neg = strlen(T2V_WAN_NEG_PROMPT) + 1;
+    return (size_t)MSG_MAX_GEN_BYTES + 2 * pad + MSG_MAX_PROMPT_BYTES + 1 +
+           (neg > MSG_MAX_PROMPT_BYTES + 1 ? neg : MSG_MAX_PROMPT_BYTES + 1);
+}
+
 int wrk_job_from_request(const msg_gen_t *r, uint64_t id, const tdit_config_t *cfg, uint64_t applied,
                          wrk_job_t **out, wire_err_t *err) {
     *out = NULL;

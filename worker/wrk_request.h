@@ -101,6 +101,16 @@ int64_t wrk_mono_ms(void);
  * F x H/p x W/p tokens; 0 = none; a group's n samples and its steps are
  * not bounded by it). 0, or -1 with err set. */
 int wrk_request_fits(const msg_gen_t *r, const tdit_config_t *cfg, int64_t max_tokens, wire_err_t *err);
+/* The bytes wrk_job_from_request copies for r and its job keeps while it
+ * is held (r passed wrk_request_fits): the latent as sent, each context
+ * as the step reads it (padded to cfg's text_len rows, when it has one),
+ * the prompts. What --max-held-mb bounds, known before any is copied.
+ * Can't fail. */
+size_t wrk_request_bytes(const msg_gen_t *r, const tdit_config_t *cfg);
+/* The most wrk_request_bytes is for any request cfg's worker takes: a
+ * GEN's tensors (MSG_MAX_GEN_BYTES, 256 MiB), plus what padding both
+ * contexts to text_len adds, plus two prompts. Can't fail. */
+size_t wrk_request_bytes_most(const tdit_config_t *cfg);
 /* Checks REQUEST r (id: the broker's request id) against the served config
  * and the applied version and copies its tensors out of the frames.
  * Returns 0 with *out (caller frees with wrk_job_free), or -1 with *err

@@ -2,6 +2,7 @@
  * drain sleeps until the last running request finishes (or the worker
  * stops) instead of polling, and wakes the streams when it ends; and the
  * requests held, which CANCELs mark. */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 #include "base/error.h"
@@ -26,6 +27,7 @@ void wrk_shared_fini(wrk_t *w) {
     free(w->held);
     w->held = NULL;
     w->n_held = w->cap_held = 0;
+    w->held_bytes = 0;
     pthread_mutex_destroy(&w->samples_mu);
     pthread_cond_destroy(&w->idle_cv);
     pthread_mutex_destroy(&w->idle_mu);
@@ -87,12 +89,20 @@ void wrk_drain_end(wrk_t *w) {
     pthread_mutex_unlock(&w->idle_mu);
 }
 
-/* Drops the held requests whose job ended: only the table holds them. */
+/* Drops the held requests whose job ended: only the table holds them.
+ * Their bytes leave the sum here and nowhere else, once each: an entry
+ * is dropped once, whichever way its job ended (a RESULT, an ERROR, a
+ * CANCEL, a deadline, an older session's abandon, a stop). */
 static void held_prune(wrk_t *w) {
     size_t keep = 0;
     for (size_t i = 0; i < w->n_held; i++) {
-        if (atomic_load(&w->held[i].hold->refs) == 1) wrk_hold_release(&w->held[i].hold);
-        else w->held[keep++] = w->held[i];
+        if (atomic_load(&w->held[i].hold->refs) == 1) {
+            assert(w->held_bytes >= w->held[i].bytes);
+            w->held_bytes -= w->held[i].bytes;
+            wrk_hold_release(&w->held[i].hold);
+        } else {
+            w->held[keep++] = w->held[i];
+        }
     }
     w->n_held = keep;
 }
@@ -102,7 +112,12 @@ size_t wrk_holds(wrk_t *w) {
     return w->n_held;
 }
 
-int wrk_hold_take(wrk_t *w, wrk_job_t *j) {
+size_t wrk_held_bytes(wrk_t *w) {
+    held_prune(w);
+    return w->held_bytes;
+}
+
+int wrk_hold_take(wrk_t *w, wrk_job_t *j, size_t bytes) {
     held_prune(w);
     if (w->n_held == w->cap_held) {
         size_t cap = w->cap_held ? 2 * w->cap_held : 16;
@@ -115,7 +130,8 @@ int wrk_hold_take(wrk_t *w, wrk_job_t *j) {
     if (!h) return reel_fail(REEL_E_NOMEM, "out of memory holding request %llu", (unsigned long long)j->id);
     atomic_init(&h->refs, 2); /* the table's and the job's */
     atomic_init(&h->cancelled, false);
-    w->held[w->n_held++] = (struct wrk_held){ j->epoch, j->id, h };
+    w->held[w->n_held++] = (struct wrk_held){ j->epoch, j->id, h, bytes };
+    w->held_bytes += bytes;
     j->hold = h;
     return 0;
 }

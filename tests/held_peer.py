@@ -1,0 +1,143 @@
+"""held_peer.py -- a fake broker that ignores the worker's max_inflight and
+sends REQUESTs with large tensors, for tests/cli_worker_held.sh.
+
+    held_peer.py --bind EP --log WORKER_LOG --pid WORKER_PID --bound-mb N [--for SECONDS]
+
+The worker connects to --bind (a ROUTER), started with --max-held-mb N and
+a --max-inflight whose 4 x bound lets far more than N MiB of such
+REQUESTs be held. The peer sends REQUESTs each keeping 1,024,000 bytes (a
+context of 8,000 rows of 32 floats), too many steps to end, one at a time
+(an unknown type after each: its answer says the REQUEST before it was
+handled, so ZeroMQ queues nothing of the next). Checks:
+  - those that fit the bound (N MiB / 1,024,000 bytes of them) are held,
+    every later one is answered busy naming --max-held-mb N;
+  - the worker's peak resident memory (VmHWM) grew by less than N + 64
+    MiB over the burst of 16 x N MiB (before the bound: every one held,
+    within 4 x --max-inflight; not judged under ASan, whose quarantine
+    keeps what was freed);
+  - each held REQUEST cancelled ends cancelled;
+  - then as many REQUESTs of that size as the bound holds are taken again,
+    and each runs to its RESULT (the ended ones' bytes were released; a
+    busy answer while a cancelled job still lets go is asked again);
+  - a valid REQUEST afterwards still gets its RESULT.
+
+Prints one PASS/FAIL line per check (tests/lib_cli.sh py_checks), exit 0.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from adversarial_peers import FakeBroker, Net, f32, request_hdr, why  # noqa: E402
+from peer_guard import done, guard  # noqa: E402
+from peer_wire import say  # noqa: E402
+
+ROWS = 8000                  # a context of 8,000 x 32 floats: 1,024,000 bytes kept
+BIG = np.random.default_rng(9).standard_normal((ROWS, 32)).astype(np.float32)
+SMALL = np.random.default_rng(5).standard_normal((5, 32)).astype(np.float32)
+
+
+def vm_hwm_kb(pid):
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return -1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bind", required=True)
+    ap.add_argument("--log", required=True)
+    ap.add_argument("--pid", type=int, required=True)
+    ap.add_argument("--bound-mb", type=int, required=True)
+    ap.add_argument("--for", dest="secs", type=float, default=200.0)
+    a = ap.parse_args()
+    guard(a.secs)
+    net = Net()
+    fb = FakeBroker(net, a.bind)
+    m = fb.wait(lambda h, t: h.get("type") == "READY", 60)
+    say(m is not None, "the worker registers with the fake broker")
+    if m is None:
+        done(0)
+    max_inflight = int(m[0].get("max_inflight") or 1)
+    ids = iter(range(100, 1 << 30))
+
+    def answer(rid, secs):
+        return fb.wait(lambda h, t: h.get("id") == rid and h.get("type") in ("RESULT", "ERROR"), secs)
+
+    def handled(rid):
+        """Sends an unknown type after REQUEST rid; its answer says rid was handled."""
+        mark = next(ids)
+        fb.send({"type": "FROB", "id": mark})
+        return fb.wait(lambda h, t: h.get("id") == mark and h.get("type") == "ERROR", 30) is not None
+
+    def run_to_result(ctx, steps, secs):
+        """A REQUEST sent until it is not busy (a job that ended may still let go): its answer."""
+        end = time.monotonic() + secs
+        while True:
+            rid = next(ids)
+            fb.send(request_hdr(rid, steps=steps), [("context", "F32", ctx.shape, f32(ctx))])
+            got = answer(rid, max(0.0, end - time.monotonic()))
+            if got is None or got[0].get("code") != "busy" or time.monotonic() >= end:
+                return got
+
+    got = run_to_result(SMALL, 3, 60)
+    say(got is not None and got[0]["type"] == "RESULT", f"a small REQUEST runs to its RESULT ({why(got)})")
+
+    # ---- the burst: far more than the bound, one REQUEST at a time ----
+    fit = a.bound_mb * (1 << 20) // BIG.nbytes
+    n = 16 * fit
+    say(n <= 4 * max_inflight, f"{n} REQUESTs are within the count bound, 4 x max_inflight {max_inflight}: only "
+        f"--max-held-mb can refuse them")
+    hwm0 = vm_hwm_kb(a.pid)
+    rids, lost = [], []
+    for _ in range(n):
+        rid = next(ids)
+        rids.append(rid)
+        fb.send(request_hdr(rid, steps=10000), [("context", "F32", BIG.shape, f32(BIG))])
+        if not handled(rid):
+            lost.append(rid)
+    # (a busy answer comes before the unknown type's that followed its REQUEST: all are in)
+    early = [g for g in fb.drain(0) if g[0].get("id") in rids and g[0].get("type") in ("RESULT", "ERROR")]
+    hwm1 = vm_hwm_kb(a.pid)
+    busy = [g for g in early if g[0].get("code") == "busy"]
+    held = [r for r in rids if all(g[0]["id"] != r for g in early)]
+    named = all(f"--max-held-mb {a.bound_mb}" in str(g[0].get("message", "")) for g in busy)
+    say(not lost and held == rids[:fit] and len(busy) == len(early) == n - fit and named,
+        f"{n} REQUESTs of {BIG.nbytes} bytes: the first {fit} held, each later one answered busy naming "
+        f"--max-held-mb {a.bound_mb} ({len(held)} held, {len(busy)} busy of {len(early)} answers"
+        f"{'; ' + why(busy[0]) if busy else ''}{'; ' + why(early[0]) if early and not busy else ''})")
+    grew = (hwm1 - hwm0) / 1024.0
+    if os.environ.get("ASAN_OPTIONS"):
+        print(f"  (the worker's peak resident memory grew by {grew:.0f} MiB: not judged under ASan)")
+    else:
+        say(0 <= grew < a.bound_mb + 64, f"the worker's peak resident memory grew by {grew:.0f} MiB over "
+            f"{n} REQUESTs of {n * BIG.nbytes >> 20} MiB (under --max-held-mb {a.bound_mb} + 64)")
+
+    # ---- the held ones end: cancelled ----
+    for rid in held:
+        fb.send({"type": "CANCEL", "id": rid})
+    ended = [answer(rid, 60) for rid in held]
+    say(len(held) > 0 and all(g is not None and g[0].get("code") == "cancelled" for g in ended),
+        f"the {len(held)} held REQUESTs end cancelled ({[why(g) for g in ended[:3]]})")
+
+    # ---- their bytes were released: the bound's worth is taken again, and runs ----
+    again, end = [], time.monotonic() + 60
+    for _ in range(fit):
+        again.append(run_to_result(BIG, 2, max(1.0, end - time.monotonic())))
+    say(all(g is not None and g[0]["type"] == "RESULT" for g in again),
+        f"then {fit} REQUESTs of {BIG.nbytes} bytes are taken again and each runs to its RESULT "
+        f"({[why(g) for g in again if g is None or g[0]['type'] != 'RESULT'][:3]})")
+
+    got = run_to_result(SMALL, 3, 60)
+    say(got is not None and got[0]["type"] == "RESULT", f"after them a small REQUEST runs to its RESULT ({why(got)})")
+    done(0)
+
+
+if __name__ == "__main__":
+    main()
