@@ -105,7 +105,7 @@ typedef struct brk_worker {
     msg_model_t configs[BRK_MAX_MODELS]; /* what READY said of its models */
     int n_configs;
     char key[41];              /* its CURVE public key (z85); "" without keys (brk_zap.h) */
-    brk_log_budget_t log;      /* what its faulty messages may write to the log (brk_log_limited) */
+    reel_log_budget_t log;     /* what its faulty messages may write to the log (brk_log_limited) */
 } brk_worker_t;
 
 /* Whether a sample of `latent` [C,F,H,W] of `model` fits w's
@@ -346,7 +346,7 @@ typedef struct {
     wire_msg_t *msg_pool[BRK_MSG_POOL]; /* closed message structs (brk_msg_new) */
     int n_msg_pool;
     brk_metrics_t metrics;           /* live counters, and the --metrics server (brk_metrics.h) */
-    brk_log_budget_t ready_log; /* READY refusals and restarts: their share of the log (brk_log_limited) */
+    reel_log_budget_t ready_log;     /* READY refusals and restarts: their share of the log (brk_log_limited) */
     /* EVENTS from worker connections not registered yet, kept until their
      * READY (brk_workers.c, "EVENTS before READY"); oldest first */
     struct brk_orphan *orphans;
@@ -354,7 +354,7 @@ typedef struct {
     uint64_t orphan_events_lost;     /* their entries never recorded: no READY in time, or too many */
     uint64_t worker_events_lost;     /* events the workers said they lost (EVENTS `dropped`): past a
                                       * worker's buffer, or in an EVENTS it could not send */
-    brk_log_budget_t orphan_log;     /* those losses' share of the log */
+    reel_log_budget_t orphan_log;    /* those losses' share of the log */
 } brk_t;
 
 /* Notes route.applying of every worker: the newest transformer version of

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
+
 static void vlog(const char *fmt, va_list ap) {
     char line[1024];
     int n = snprintf(line, sizeof line, "reel-broker: ");
@@ -22,23 +24,13 @@ void brk_log(const char *fmt, ...) {
     va_end(ap);
 }
 
-void brk_log_limited(brk_log_budget_t *lb, const char *who, const char *fmt, ...) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    long long now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-    if (now - lb->window_ms >= BRK_LOG_WINDOW_MS) {
-        if (lb->suppressed)
-            brk_log("%s: %llu more lines like the ones above were left out of the log (at most %d a %d s window)",
-                    who, lb->suppressed, BRK_LOG_BURST, BRK_LOG_WINDOW_MS / 1000);
-        lb->window_ms = now;
-        lb->lines = 0;
-        lb->suppressed = 0;
-    }
-    if (lb->lines >= BRK_LOG_BURST) {
-        lb->suppressed++;
-        return;
-    }
-    lb->lines++;
+void brk_log_limited(reel_log_budget_t *lb, const char *who, const char *fmt, ...) {
+    uint64_t left_out = 0;
+    bool write = reel_log_budget_take(lb, reel_mono_ms(), &left_out);
+    if (left_out)
+        brk_log("%s: %llu more lines like the ones above were left out of the log (at most %d a %d s window)", who,
+                (unsigned long long)left_out, REEL_LOG_BURST, REEL_LOG_WINDOW_MS / 1000);
+    if (!write) return;
     va_list ap;
     va_start(ap, fmt);
     vlog(fmt, ap);

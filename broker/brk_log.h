@@ -4,24 +4,18 @@
 #ifndef REEL_BROKER_BRK_LOG_H
 #define REEL_BROKER_BRK_LOG_H
 
+#include "base/logbudget.h"
+
 /* Writes "reel-broker: <fmt...>\n" to stderr. Can't fail (a line longer
  * than 1 KiB is cut). */
 void brk_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* A peer's share of the log: what one worker's faults may write. */
-typedef struct {
-    long long window_ms; /* start of the current window (monotonic ms) */
-    unsigned lines;      /* written in it */
-    unsigned long long suppressed; /* not written in it */
-} brk_log_budget_t;
-
-#define BRK_LOG_BURST 20          /* lines a peer's faults may write a window */
-#define BRK_LOG_WINDOW_MS 10000
-
-/* As brk_log, within lb: at most BRK_LOG_BURST lines a BRK_LOG_WINDOW_MS
- * window; the rest are counted, and the first line after the window says
- * how many of `who`'s were left out. So a worker that floods the broker
- * with faulty messages cannot fill its disk. Can't fail. */
-void brk_log_limited(brk_log_budget_t *lb, const char *who, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* As brk_log, within lb (a peer's share of the log: base/logbudget.h):
+ * at most REEL_LOG_BURST lines a REEL_LOG_WINDOW_MS window; the rest are
+ * counted, and the first line after the window says how many of `who`'s
+ * were left out. So a worker that floods the broker with faulty messages
+ * cannot fill its disk. Can't fail. */
+void brk_log_limited(reel_log_budget_t *lb, const char *who, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif

@@ -157,7 +157,7 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r)
             brk_error_from(b, true, &m->identity, m->id, reel_err(), "READY: "); /* invalid: bad_request */
         return;
     }
-    brk_log_budget_t kept = { 0 };
+    reel_log_budget_t kept = { 0 };
     if (old) {
         kept = old->log; /* a READY again does not buy a fresh share of the log */
         old->dead = true;

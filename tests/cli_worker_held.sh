@@ -1,6 +1,6 @@
 #!/bin/sh
 # cli_worker_held.sh -- what a reel-worker holds for a broker that ignores
-# its max_inflight. A real
+# its max_inflight, and what a flood of refusals writes to its log. A real
 # reel-worker on the CPU backend (tiny config) behind a raw fake broker
 # (tests/held_peer.py) over ipc, with --max-held-mb 8 and a --max-inflight
 # whose 4 x count bound would hold 4 x that:
@@ -9,8 +9,10 @@
 #      naming --max-held-mb before its tensors are copied, and the worker's
 #      peak resident memory stays within the bound (+ 64 MiB); the held
 #      ones end when cancelled, after which the bound's worth is taken
-#      again and runs to its RESULTs (the bytes were released); the
-#      worker keeps serving and stops cleanly.
+#      again and runs to its RESULTs (the bytes were released);
+#   2. 2,000 refused REQUESTs write at most 20 refusal lines a 10 s window,
+#      the rest counted and said once the window is over; the worker keeps
+#      serving and stops cleanly.
 # Usage: cli_worker_held.sh BUILD
 set -u
 B="${1:-build}"

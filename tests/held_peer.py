@@ -19,6 +19,10 @@ handled, so ZeroMQ queues nothing of the next). Checks:
   - then as many REQUESTs of that size as the bound holds are taken again,
     and each runs to its RESULT (the ended ones' bytes were released; a
     busy answer while a cancelled job still lets go is asked again);
+  - a flood of 2,000 refused REQUESTs writes at most 20 refusal lines a
+    10 s window to the worker's log (before: one each), and the lines left
+    out are counted and said once their window is over: the lines written
+    and those counts add up to every refusal of the run;
   - a valid REQUEST afterwards still gets its RESULT.
 
 Prints one PASS/FAIL line per check (tests/lib_cli.sh py_checks), exit 0.
@@ -26,6 +30,7 @@ Prints one PASS/FAIL line per check (tests/lib_cli.sh py_checks), exit 0.
 
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -39,6 +44,7 @@ from peer_wire import say  # noqa: E402
 ROWS = 8000                  # a context of 8,000 x 32 floats: 1,024,000 bytes kept
 BIG = np.random.default_rng(9).standard_normal((ROWS, 32)).astype(np.float32)
 SMALL = np.random.default_rng(5).standard_normal((5, 32)).astype(np.float32)
+BURST, WINDOW_S = 20, 10     # the log's budget for refusals (base/logbudget.h)
 
 
 def vm_hwm_kb(pid):
@@ -47,6 +53,19 @@ def vm_hwm_kb(pid):
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
     return -1
+
+
+def refusal_lines(path):
+    """The worker's log lines of refused REQUESTs, and the counts of those left out."""
+    written, left_out = 0, 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if re.search(r"request \d+ refused: ", line):
+                written += 1
+            m = re.search(r"refused messages: (\d+) more lines like the ones above were left out", line)
+            if m:
+                left_out += int(m.group(1))
+    return written, left_out
 
 
 def main():
@@ -66,6 +85,7 @@ def main():
         done(0)
     max_inflight = int(m[0].get("max_inflight") or 1)
     ids = iter(range(100, 1 << 30))
+    refusals = 0                 # every REQUEST the worker refused (each writes a line, or counts as left out)
 
     def answer(rid, secs):
         return fb.wait(lambda h, t: h.get("id") == rid and h.get("type") in ("RESULT", "ERROR"), secs)
@@ -78,13 +98,17 @@ def main():
 
     def run_to_result(ctx, steps, secs):
         """A REQUEST sent until it is not busy (a job that ended may still let go): its answer."""
+        nonlocal refusals
         end = time.monotonic() + secs
         while True:
             rid = next(ids)
             fb.send(request_hdr(rid, steps=steps), [("context", "F32", ctx.shape, f32(ctx))])
             got = answer(rid, max(0.0, end - time.monotonic()))
             if got is None or got[0].get("code") != "busy" or time.monotonic() >= end:
+                if got is not None and got[0]["type"] == "ERROR":
+                    refusals += 1
                 return got
+            refusals += 1
 
     got = run_to_result(SMALL, 3, 60)
     say(got is not None and got[0]["type"] == "RESULT", f"a small REQUEST runs to its RESULT ({why(got)})")
@@ -106,6 +130,7 @@ def main():
     early = [g for g in fb.drain(0) if g[0].get("id") in rids and g[0].get("type") in ("RESULT", "ERROR")]
     hwm1 = vm_hwm_kb(a.pid)
     busy = [g for g in early if g[0].get("code") == "busy"]
+    refusals += len(early)
     held = [r for r in rids if all(g[0]["id"] != r for g in early)]
     named = all(f"--max-held-mb {a.bound_mb}" in str(g[0].get("message", "")) for g in busy)
     say(not lost and held == rids[:fit] and len(busy) == len(early) == n - fit and named,
@@ -134,8 +159,38 @@ def main():
         f"then {fit} REQUESTs of {BIG.nbytes} bytes are taken again and each runs to its RESULT "
         f"({[why(g) for g in again if g is None or g[0]['type'] != 'RESULT'][:3]})")
 
+    # ---- a flood of refusals: the log keeps its budget ----
+    w0, _ = refusal_lines(a.log)
+    t0 = time.monotonic()
+    flood = [next(ids) for _ in range(2000)]
+    answers = 0
+    for at in range(0, len(flood), 200):  # read as it goes: the worker's answers stay within ZeroMQ's queues
+        for rid in flood[at:at + 200]:
+            fb.send(request_hdr(rid, steps=0), [("context", "F32", SMALL.shape, f32(SMALL))])
+        for rid in flood[at:at + 200]:
+            g = answer(rid, 30)
+            answers += g is not None and g[0].get("code") == "bad_request"
+    refusals += answers
+    took = time.monotonic() - t0
+    w1, _ = refusal_lines(a.log)
+    most = BURST * (2 + int(took // WINDOW_S))
+    say(answers == len(flood) and w1 - w0 <= most,
+        f"{len(flood)} refused REQUESTs ({answers} answered bad_request in {took:.1f} s) wrote {w1 - w0} refusal "
+        f"lines to the log (at most {most}: {BURST} a {WINDOW_S} s window)")
+    # the lines left out are said once their window is over: every refusal is accounted for
+    end = time.monotonic() + 3 * WINDOW_S
+    while True:
+        written, left_out = refusal_lines(a.log)
+        if written + left_out >= refusals or time.monotonic() >= end:
+            break
+        net.pump(0.1)
+    say(written + left_out == refusals,
+        f"the log accounts for every refusal: {written} lines written + {left_out} counted as left out = "
+        f"{written + left_out} of {refusals}")
+
     got = run_to_result(SMALL, 3, 60)
-    say(got is not None and got[0]["type"] == "RESULT", f"after them a small REQUEST runs to its RESULT ({why(got)})")
+    say(got is not None and got[0]["type"] == "RESULT",
+        f"after the flood a small REQUEST runs to its RESULT ({why(got)})")
     done(0)
 
 

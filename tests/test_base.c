@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/logbudget.h"
 #include "base/parse.h"
 #include "base/tensor.h"
 #include <math.h>
@@ -326,6 +327,38 @@ START_TEST(test_value_scans_agree_with_a_value_at_a_time_at_every_length_and_pos
 }
 END_TEST
 
+/* A peer's share of a log (the broker's workers, the worker's refused
+ * messages): REEL_LOG_BURST lines a window, the rest counted; the count is
+ * handed over once, when the window is over -- to the next line, or to a
+ * tick that finds the window over with no line since (a flood that
+ * stopped) -- and a new window starts with a fresh burst. */
+START_TEST(test_a_log_budget_writes_a_burst_a_window_and_counts_the_rest_once) {
+    reel_log_budget_t lb = { 0 };
+    uint64_t left = 99;
+    const int64_t t0 = 1000000;
+    for (int i = 0; i < REEL_LOG_BURST; i++) {
+        ck_assert(reel_log_budget_take(&lb, t0 + i, &left));
+        ck_assert_uint_eq(left, 0);
+    }
+    for (int i = 0; i < 1000; i++) ck_assert(!reel_log_budget_take(&lb, t0 + 100, &left));
+    ck_assert_uint_eq(lb.suppressed, 1000);
+    ck_assert_uint_eq(reel_log_budget_expired(&lb, t0 + REEL_LOG_WINDOW_MS - 1), 0); /* the window still runs */
+    ck_assert(!reel_log_budget_take(&lb, t0 + REEL_LOG_WINDOW_MS - 1, &left));
+    ck_assert_uint_eq(left, 0);
+    /* the next line after the window: it may be written, after the count */
+    ck_assert(reel_log_budget_take(&lb, t0 + REEL_LOG_WINDOW_MS, &left));
+    ck_assert_uint_eq(left, 1001);
+    for (int i = 1; i < REEL_LOG_BURST; i++) ck_assert(reel_log_budget_take(&lb, t0 + REEL_LOG_WINDOW_MS, &left));
+    ck_assert(!reel_log_budget_take(&lb, t0 + REEL_LOG_WINDOW_MS, &left));
+    ck_assert(!reel_log_budget_take(&lb, t0 + REEL_LOG_WINDOW_MS, &left));
+    /* no line after the flood: the tick hands the count over, once */
+    ck_assert_uint_eq(reel_log_budget_expired(&lb, t0 + 2 * REEL_LOG_WINDOW_MS), 2);
+    ck_assert_uint_eq(reel_log_budget_expired(&lb, t0 + 3 * REEL_LOG_WINDOW_MS), 0);
+    ck_assert(reel_log_budget_take(&lb, t0 + 3 * REEL_LOG_WINDOW_MS, &left));
+    ck_assert_uint_eq(left, 0);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("base");
     TCase *e = tcase_create("error");
@@ -346,6 +379,9 @@ static Suite *suite(void) {
     tcase_add_test(v, test_value_scans_find_nan_inf_and_magnitudes_of_two_to_the_e);
     tcase_add_test(v, test_value_scans_agree_with_a_value_at_a_time_at_every_length_and_position);
     suite_add_tcase(s, v);
+    TCase *l = tcase_create("log");
+    tcase_add_test(l, test_a_log_budget_writes_a_burst_a_window_and_counts_the_rest_once);
+    suite_add_tcase(s, l);
     return s;
 }
 

@@ -4101,7 +4101,7 @@ static int lines_with(const char *path, const char *needle) {
 }
 
 /* A registered worker that floods the broker with faulty messages (ERRORs
- * for requests it does not hold) writes at most BRK_LOG_BURST lines a
+ * for requests it does not hold) writes at most REEL_LOG_BURST lines a
  * window to the log, not one a message (a hostile peer filled 134 MiB in
  * 10 s); the first line after a window says how many were left out. */
 START_TEST(test_a_worker_flooding_faulty_messages_has_a_bounded_share_of_the_log) {
@@ -4124,16 +4124,16 @@ START_TEST(test_a_worker_flooding_faulty_messages_has_a_bounded_share_of_the_log
     dup2(saved, 2);
     close(saved);
     close(fd);
-    ck_assert_int_eq(lines_with(path, "sent ERROR for unknown request"), BRK_LOG_BURST);
+    ck_assert_int_eq(lines_with(path, "sent ERROR for unknown request"), REEL_LOG_BURST);
     unlink(path);
     /* the budget itself: a window's extra lines counted, and said once the window is over */
-    brk_log_budget_t lb = { 0 };
+    reel_log_budget_t lb = { 0 };
     fd = mkstemp(strcpy(path, "/tmp/reel-brk-log.XXXXXX"));
     saved = dup(2);
     ck_assert_int_eq(dup2(fd, 2), 2);
-    for (int i = 0; i < BRK_LOG_BURST + 7; i++) brk_log_limited(&lb, "w9", "line %d", i);
+    for (int i = 0; i < REEL_LOG_BURST + 7; i++) brk_log_limited(&lb, "w9", "line %d", i);
     ck_assert_uint_eq(lb.suppressed, 7);
-    lb.window_ms -= BRK_LOG_WINDOW_MS; /* the window is over */
+    lb.window_ms -= REEL_LOG_WINDOW_MS; /* the window is over */
     brk_log_limited(&lb, "w9", "after the window");
     fflush(stderr);
     dup2(saved, 2);
@@ -4141,7 +4141,7 @@ START_TEST(test_a_worker_flooding_faulty_messages_has_a_bounded_share_of_the_log
     close(fd);
     ck_assert_int_eq(lines_with(path, "w9: 7 more lines like the ones above were left out"), 1);
     ck_assert_int_eq(lines_with(path, "after the window"), 1);
-    ck_assert_int_eq(lines_with(path, "line "), BRK_LOG_BURST);
+    ck_assert_int_eq(lines_with(path, "line "), REEL_LOG_BURST);
     unlink(path);
     box_close(&x);
 }

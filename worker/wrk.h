@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include "base/logbudget.h"
 #include "base/thread.h"
 #include "capture_cache/cache.h"
 #include "kernels/backend.h"
@@ -104,6 +105,9 @@ typedef struct {
      * what wrk_job_from_request copied for each), and the most they may
      * (--max-held-mb in bytes; 0: no bound). The main thread's. */
     size_t held_bytes, held_max;
+    /* The log lines of messages refused from the broker: their share of
+     * the log (wrk_log_refused). The main thread's. */
+    reel_log_budget_t refused_log;
     /* Mixed steps (several requests in one step) run, and the padded rows
      * they computed for nobody (--batch-sizes ladder). */
     _Atomic uint64_t mixed_steps, padded_rows;
@@ -194,5 +198,19 @@ static inline int64_t wrk_step_sample_bound(int i) { return (int64_t)1 << i; }
 
 /* "reel-worker NAME: <msg>\n" on stderr, one write. */
 void wrk_log(const wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* As wrk_log, for a message from the broker the worker refuses (a
+ * REQUEST busy, malformed or too large; a bad CANCEL, PREWARM or frame; a
+ * SYNC past the queue's bound): within w->refused_log, at most
+ * REEL_LOG_BURST lines a REEL_LOG_WINDOW_MS window (base/logbudget.h);
+ * the rest are counted and said in one line ("refused messages: N more
+ * lines like the ones above were left out of the log ...") with the first
+ * line after the window, or by wrk_log_refused_tick. So a peer that
+ * floods the worker with messages it refuses cannot fill its disk. The
+ * main thread's. Can't fail. */
+void wrk_log_refused(wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Says the lines w->refused_log left out once their window is over,
+ * though no refusal came since (a flood that stopped). The main thread's,
+ * on its ticks. Can't fail. */
+void wrk_log_refused_tick(wrk_t *w);
 
 #endif

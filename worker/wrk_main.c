@@ -565,8 +565,8 @@ static void handle_request(link_t *l, wire_msg_t *m) {
      * them is copied. */
     const size_t held = wrk_holds(w), most = (size_t)WRK_HELD_PER_INFLIGHT * (size_t)w->opt->max_inflight;
     if (held >= most) {
-        wrk_log(w, "request %" PRIu64 " refused: %zu requests held already (%d x --max-inflight %d)", m->id, held,
-                WRK_HELD_PER_INFLIGHT, w->opt->max_inflight);
+        wrk_log_refused(w, "request %" PRIu64 " refused: %zu requests held already (%d x --max-inflight %d)", m->id,
+                        held, WRK_HELD_PER_INFLIGHT, w->opt->max_inflight);
         msg_send_error(l->dealer, NULL, m->id, WIRE_E_BUSY,
                        "worker %s holds %zu requests, %d x its max_inflight %d: none more until one ends", w->opt->name,
                        held, WRK_HELD_PER_INFLIGHT, w->opt->max_inflight);
@@ -577,7 +577,7 @@ static void handle_request(link_t *l, wire_msg_t *m) {
     if (msg_request_decode(m, &r, &err) != 0 || wrk_request_fits(&r, cfg, w->opt->max_tokens, &err) != 0 ||
         media_fits(w, &r, &err) != 0 || held_bytes_fit(w, &r, &bytes, &err) != 0 ||
         wrk_job_from_request(&r, m->id, cfg, atomic_load(&w->applied_version), &job, &err) != 0) {
-        wrk_log(w, "request %" PRIu64 " refused: %s", m->id, err.message);
+        wrk_log_refused(w, "request %" PRIu64 " refused: %s", m->id, err.message);
         /* a field error names its type */
         msg_send_error(l->dealer, NULL, m->id, err.code, "%s%s", strcmp(err.code, WIRE_E_BAD_REQUEST) ? "" : "GEN: ",
                        err.message);
@@ -585,7 +585,7 @@ static void handle_request(link_t *l, wire_msg_t *m) {
     }
     job->epoch = atomic_load(&w->epoch);
     if (wrk_hold_take(w, job, bytes) != 0) { /* a request no CANCEL could stop is not run */
-        wrk_log(w, "request %" PRIu64 " refused: %s", m->id, reel_err_text());
+        wrk_log_refused(w, "request %" PRIu64 " refused: %s", m->id, reel_err_text());
         msg_send_error(l->dealer, NULL, m->id, WIRE_E_INTERNAL, "%s", reel_err_text());
         wrk_job_free(&job);
         return;
@@ -618,12 +618,12 @@ static void handle_prewarm(link_t *l, wire_msg_t *m) {
     wire_err_t err;
     msg_prewarm_t p;
     if (msg_prewarm_decode(m, &p, &err) != 0 || msg_prewarm_validate(&p, &err) != 0) {
-        wrk_log(w, "bad PREWARM: %s", err.message);
+        wrk_log_refused(w, "bad PREWARM: %s", err.message);
         msg_send_error(l->dealer, NULL, m->id, err.code, "PREWARM: %s", err.message);
         return;
     }
     if (l->prewarmed || !w->opt->prewarm) {
-        wrk_log(w, "PREWARM ignored: %s", l->prewarmed ? "one came already" : "--prewarm 0");
+        wrk_log_refused(w, "PREWARM ignored: %s", l->prewarmed ? "one came already" : "--prewarm 0");
         return;
     }
     l->prewarmed = true;
@@ -670,7 +670,7 @@ static int handle_broker(link_t *l) {
     if (type != MSG_RECONNECT) l->heard_since_ready = true;
     if (type != MSG_RECONNECT && type != MSG_ERROR) l->registered = true;
     if (r == 1) {
-        wrk_log(w, "bad message from the broker: %s: %s", err.code, err.message);
+        wrk_log_refused(w, "bad message from the broker: %s: %s", err.code, err.message);
         msg_send_error(l->dealer, NULL, m->id, err.code, "%s", err.message);
     } else if (type == MSG_REQUEST) {
         if (!atomic_load(&w->stop)) handle_request(l, m);
@@ -684,7 +684,7 @@ static int handle_broker(link_t *l) {
          * one of an id not held (answered already, or never sent) marks nothing */
         msg_cancel_t c;
         if (msg_cancel_decode(m, &c, &err) == 0) (void)wrk_cancel_note(w, m->id);
-        else wrk_log(w, "bad CANCEL from the broker: %s", err.message);
+        else wrk_log_refused(w, "bad CANCEL from the broker: %s", err.message);
     } else if (type == MSG_HEARTBEAT) {
         /* counted above; "incoming": a large REQUEST follows, and nothing
          * else reaches us until it has: silence until then is no death */
@@ -809,6 +809,7 @@ static int serve(link_t *l) {
         }
         if (now >= l->next_events) {
             flush_events(l);
+            wrk_log_refused_tick(w); /* a flood that stopped: its lines left out are told */
             l->next_events = now + w->opt->events_ms;
         }
         publish_metrics(l, now, silent_ms);

@@ -606,7 +606,7 @@ static void refuse_busy(wrk_syncer_t *s, wire_msg_t *m, void *reply, const char 
         a.version = sm->version;
     }
     free(sm);
-    wrk_log(s->w, "sync to v%" PRIu64 " refused: %s (%s)", a.version, WRK_E_SYNC_BUSY, why);
+    wrk_log_refused(s->w, "sync to v%" PRIu64 " refused: %s (%s)", a.version, WRK_E_SYNC_BUSY, why);
     atomic_fetch_add(&s->w->syncs_failed, 1);
     if (msg_send(reply, NULL, MSG_SYNC_ACK, m->id, &a, NULL) != 0)
         wrk_log(s->w, "cannot send the SYNC_ACK of v%" PRIu64 ": %s", a.version, zmq_strerror(errno));
