@@ -49,6 +49,7 @@
 #include "broker/brk_opts.h"
 #include "broker/brk_hot.h"
 #include "broker/brk_route.h"
+#include "net/keys.h"
 #include "schema/msg.h"
 
 #define BRK_IDENT_MAX 256
@@ -178,6 +179,25 @@ static inline unsigned brk_client_bucket(uint64_t client, uint64_t id) {
 }
 #define BRK_MSG_POOL 64        /* spare message structs kept for reuse */
 
+/* A SYNC's resends past the first of each key (brk_sync.c): a trainer's
+ * first resend of a version is audited, the rest are counted here and
+ * written as one audit row per key when the tally ends (its barrier
+ * ends, its version stops being current, the broker stops). One kept
+ * audit row per resend let a trainer key that resends in a loop grow
+ * the catalog without bound. Keys past BRK_SYNC_RESENDERS are counted
+ * together (others), written as key "*". */
+#define BRK_SYNC_RESENDERS 4
+typedef struct {
+    char name[REEL_KEY_NAME_MAX]; /* the key's name ("-" without keys) */
+    int role;                     /* its reel_role_t */
+    uint64_t more;                /* its resends since the one audited, not audited yet */
+} brk_resender_t;
+typedef struct {
+    brk_resender_t by[BRK_SYNC_RESENDERS];
+    int n;
+    uint64_t others;              /* resends of keys past the first BRK_SYNC_RESENDERS: counted only */
+} brk_resends_t;
+
 /* The current SYNC of one component: the newest version at least one
  * live worker applied. Late joiners and lagging workers are caught up to
  * it; a GEN without "version" needs it. */
@@ -193,6 +213,7 @@ typedef struct {
      * lags until the next full version). */
     msg_sync_t *base;
     uint64_t base_id;          /* the broker's id for base */
+    brk_resends_t resent;      /* resends of version while it is current */
 } brk_current_t;
 
 /* A barrier member's state. */
@@ -245,6 +266,7 @@ typedef struct brk_barrier {
                                 * again (brk_sync.c): workers that register join it, and it
                                 * waits for them until hold_until_ms */
     int64_t hold_until_ms;
+    brk_resends_t resent;      /* its resends while it runs and its version is not current */
     struct brk_barrier *next;
 } brk_barrier_t;
 

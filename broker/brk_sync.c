@@ -47,7 +47,10 @@
  *
  * Only a trainer may SYNC (brk_zap.c refuses the others before they get
  * here); every SYNC that gets here is audited with its key's name and
- * what became of it. A deadline is clamped to BRK_SYNC_DEADLINE_MAX_MS,
+ * what became of it, but for resends: each key's first resend of a
+ * version is audited, the rest are counted and audited as one row per
+ * key when the barrier ends or the version stops being current
+ * (brk_resends_t). A deadline is clamped to BRK_SYNC_DEADLINE_MAX_MS,
  * and a worker's ack counts only for a version it was sent. */
 #include "broker/brk_sync.h"
 
@@ -95,6 +98,70 @@ static brk_current_t *current_slot(brk_t *b, const char *component) {
 static void free_sync(msg_sync_t **sp) {
     free(*sp);
     *sp = NULL;
+}
+
+/* Notes a resend by who in tally t: true when it is who's first (audit
+ * it), false when it is only counted. Can't fail. */
+static bool resend_first(brk_resends_t *t, const brk_who_t *who) {
+    for (int i = 0; i < t->n; i++)
+        if (t->by[i].role == (int)who->role && !strcmp(t->by[i].name, who->name)) {
+            t->by[i].more++;
+            return false;
+        }
+    if (t->n == BRK_SYNC_RESENDERS) {
+        t->others++;
+        return false;
+    }
+    brk_resender_t *r = &t->by[t->n++];
+    snprintf(r->name, sizeof r->name, "%s", who->name);
+    r->role = (int)who->role;
+    r->more = 0;
+    return true;
+}
+
+/* Audits what tally t counted of resends of (component, version, sha256)
+ * -- its SYNC s when known, for its path -- one row per key that resent
+ * it more than once ("resend: N more while <phase>"), and empties t. */
+static void resends_end(brk_t *b, brk_resends_t *t, const char *component, uint64_t version, const char *sha256,
+                        const msg_sync_t *s, const char *phase) {
+    msg_sync_t *known = NULL;
+    for (int i = 0; i <= t->n; i++) {
+        uint64_t more = i < t->n ? t->by[i].more : t->others;
+        if (!more) continue;
+        if (!s && !known) { /* (a barrier of a version current once, superseded since: no path kept) */
+            if (!(known = calloc(1, sizeof *known))) {
+                brk_log("sync %s v%llu: out of memory: %llu resends not audited", component,
+                        (unsigned long long)version, (unsigned long long)more);
+                continue;
+            }
+            snprintf(known->component, sizeof known->component, "%s", component);
+            known->version = version;
+            snprintf(known->sha256, sizeof known->sha256, "%s", sha256);
+        }
+        brk_who_t who;
+        memset(&who, 0, sizeof who);
+        char outcome[160];
+        if (i < t->n) {
+            snprintf(who.name, sizeof who.name, "%s", t->by[i].name);
+            who.role = (reel_role_t)t->by[i].role;
+            snprintf(outcome, sizeof outcome, "resend: %llu more while %s", (unsigned long long)more, phase);
+        } else {
+            snprintf(who.name, sizeof who.name, "*");
+            who.role = REEL_ROLE_TRAINER; /* several keys: only one with keys names more than one */
+            snprintf(outcome, sizeof outcome, "resend: %llu more while %s, by keys past the first %d that resent it",
+                     (unsigned long long)more, phase, BRK_SYNC_RESENDERS);
+        }
+        brk_zap_audit(b, &who, "sync", s ? s : known, outcome);
+    }
+    free(known);
+    memset(t, 0, sizeof *t);
+}
+
+/* cur's version stops being current (a newer one replaces it, or the
+ * broker stops): its resends are audited. */
+static void current_ends(brk_t *b, brk_current_t *cur) {
+    if (cur->version)
+        resends_end(b, &cur->resent, cur->component, cur->version, cur->sha256, cur->sync, "it was current");
 }
 
 static brk_barrier_t *barrier_of(brk_t *b, const char *component, uint64_t version) {
@@ -491,8 +558,9 @@ static void finish(brk_t *b, brk_barrier_t *s) {
             brk_log("sync %s v%llu failed, nothing changed (%s stays v%llu): %s", s->component,
                     (unsigned long long)s->version, s->component, (unsigned long long)cur, reason);
         if (!applied) keep_timed_out(b, s);
-        free_sync(&s->sync);
     }
+    resends_end(b, &s->resent, s->component, s->version, s->sha256, s->sync, "its barrier ran");
+    free_sync(&s->sync);
     /* With no live worker nothing was applied: not complete (a trainer
      * waiting on the barrier must not take silence for success). */
     bool complete = failed == 0 && s->n > 0;
@@ -559,6 +627,7 @@ static void keep_base(brk_current_t *cur, const msg_sync_t *next) {
 static void promote(brk_t *b, brk_barrier_t *s, const char *by) {
     brk_current_t *cur = s->sync ? current_slot(b, s->component) : NULL;
     if (!cur || s->version <= cur->version) return;
+    current_ends(b, cur);
     keep_base(cur, s->sync);
     cur->sync = s->sync;
     s->sync = NULL;
@@ -829,7 +898,17 @@ void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sy
         brk_error_to(b, false, from, id, code, "SYNC: %s", e.msg);
         return;
     }
-    brk_zap_audit(b, &who, "sync", m, resend ? "resend" : "accepted");
+    if (!resend) {
+        brk_zap_audit(b, &who, "sync", m, "accepted");
+    } else {
+        /* A trainer resends a SYNC until it is answered (or in a loop):
+         * each key's first resend of the version is audited, the rest
+         * counted (brk_resends_t), while it is current on the component,
+         * else on its barrier (refusal found one). */
+        brk_current_t *c = (brk_current_t *)find_current(b, m->component);
+        if (resend_first(c && c->version == m->version ? &c->resent : &running->resent, &who))
+            brk_zap_audit(b, &who, "sync", m, "resend");
+    }
     if (resend) {
         on_resend(b, from, id, running, cur, m->deadline_ms);
         return;
@@ -1033,6 +1112,7 @@ void brk_sync_shutdown(brk_t *b) {
     brk_sync_give_up(b, WIRE_E_SHUTDOWN, "the broker is shutting down (send the SYNC again to the broker that comes "
                      "back: it resumes the version)");
     for (int i = 0; i < b->n_cur; i++) {
+        current_ends(b, &b->cur[i]);
         free_sync(&b->cur[i].sync);
         free_sync(&b->cur[i].base);
     }
@@ -1050,6 +1130,7 @@ void brk_sync_give_up(brk_t *b, const char *code, const char *why) {
             snprintf(reason, sizeof reason, "%s before any worker applied it", why);
             brk_cq_weight_state(b->cat, s->component, s->version, "failed", reason);
         }
+        resends_end(b, &s->resent, s->component, s->version, s->sha256, s->sync, "its barrier ran");
         free_sync(&s->sync);
         free(s->trainers);
         free(s->m);
@@ -1082,6 +1163,7 @@ int brk_sync_adopt(brk_t *b, const msg_sync_t *s, const char *why) {
     c->n_tensors = 0;
     memset(c->tensors, 0, sizeof c->tensors);
     c->deadline_ms = 0;
+    current_ends(b, cur);
     keep_base(cur, c);
     cur->sync = c;
     cur->version = s->version;
@@ -1106,6 +1188,7 @@ int brk_sync_restore(brk_t *b, const char *component, uint64_t version, const ch
     else snprintf(s->path, sizeof s->path, "%s", path);
     s->base_version = base_version; /* a LoRA adapter on its base: its folder, or uploaded with its config */
     if (s->uploaded && lora_config) snprintf(s->lora_config, sizeof s->lora_config, "%s", lora_config);
+    current_ends(b, cur);
     keep_base(cur, s);
     cur->sync = s;
     cur->version = version;

@@ -15,7 +15,9 @@
 /* A SYNC from a trainer at `from` (the sender brk_zap_sender names) with
  * id, decoded and validated (a path, no inline tensors). Answers the
  * trainer itself: SYNC_DONE when its barrier ends, ERROR (stale_version,
- * bad_request) now. Audited with the sender's key (brk_zap_audit). */
+ * bad_request) now. Audited with the sender's key (brk_zap_audit); a
+ * resend only the first time its key resends the version, the rest
+ * counted into one row written later (brk_resends_t). */
 void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sync_t *s);
 /* SYNC_ACK a (message id `id`) from worker w; an ack of a version w was
  * never sent, or one answering an earlier SYNC of the version than the

@@ -257,8 +257,10 @@
 
 /* A SYNC a peer sent, whatever became of it: the trainer role's audit
  * trail (docs/SECURITY.md). key_name and role: its CURVE key's ("-" and
- * "none" on a broker without keys); outcome: "accepted", "resend",
- * "refused: CODE: why" or "denied: why". */
+ * "none" on a broker without keys; "*" for the resends of keys past
+ * the first 4 to resend a version); outcome: "accepted", "resend",
+ * "resend: N more while ..." (a key's resends after its first, counted:
+ * broker/brk_sync.c), "refused: CODE: why" or "denied: why". */
 #define CAT_AUDIT(F)                                                                               \
     F(TEXT, key_name) F(TEXT, role) F(TEXT, action) F(OPT, component) F(U64, version)             \
     F(OPT, sha256) F(OPT, path) F(TEXT, outcome) F(TIME, t)

@@ -1,0 +1,182 @@
+"""bounds_peer.py -- raw peers that ask the broker for work it must bound,
+for tests/cli_peer_bounds.sh.
+
+    bounds_peer.py resend --clients EP --workers EP --weights FILE --weights3 FILE [--n 500]
+
+`resend`: a fake worker registers (READY) and never acks until told; a
+trainer sends SYNC v2 (by path) and, while its barrier waits on that
+worker, sends the very same SYNC (same connection, same id) again --n
+times; then the worker acks, the trainer gets its SYNC_DONE, and resends
+v2 --n times more now that it is current (each answered SYNC_DONE at once:
+nothing lags); then v3 is synced and applied, so v2 stops being current.
+The audit rows are counted by the shell (the catalog's writer stores them
+after the answers). Checks: every message is answered as the protocol
+says.
+
+Prints one PASS/FAIL line per check (tests/lib_cli.sh py_checks), exit 0.
+"""
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+
+import msgpack
+import zmq
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_guard import done, guard  # noqa: E402
+from peer_wire import pack, say  # noqa: E402
+
+
+def dealer(ctx, ep):
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDTIMEO, 5000)
+    s.connect(ep)
+    return s
+
+
+def recv(sock, secs):
+    """The next message's header on sock within secs, or None."""
+    if not sock.poll(int(secs * 1000)):
+        return None
+    return msgpack.unpackb(sock.recv_multipart()[0], raw=False, strict_map_key=False)
+
+
+def sha_file(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+class FakeWorker:
+    """A registered worker that heartbeats while it waits and acks only when told."""
+
+    def __init__(self, ctx, ep, name):
+        self.s = dealer(ctx, ep)
+        self.s.send_multipart(pack({"type": "READY", "name": name, "models": ["fakem"],
+                                    "versions": {"transformer": 1}}))
+        self.beat_at = 0.0
+        self.inbox = []
+
+    def beat(self):
+        """A HEARTBEAT when one is due; what came meanwhile kept. Never waits."""
+        now = time.monotonic()
+        if now >= self.beat_at:
+            self.s.send_multipart(pack({"type": "HEARTBEAT"}))
+            self.beat_at = now + 0.1
+        while True:
+            h = recv(self.s, 0)
+            if h is None:
+                return
+            self.inbox.append(h)
+
+    def wait(self, pred, secs):
+        """The first message matching pred within secs (heartbeats sent meanwhile), or None."""
+        end = time.monotonic() + secs
+        while True:
+            self.beat()
+            for i, h in enumerate(self.inbox):
+                if pred(h):
+                    return self.inbox.pop(i)
+            if time.monotonic() >= end:
+                return None
+            self.s.poll(50)
+
+
+def until_answer(sock, rid, secs, beat=None):
+    """The answer to id rid on sock within secs (other messages dropped; beat() between polls)."""
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        if beat:
+            beat()
+        h = recv(sock, 0.05)
+        if h is not None and h.get("id") == rid:
+            return h
+    return None
+
+
+def run_resend(a):
+    ctx = zmq.Context.instance()
+    fw = FakeWorker(ctx, a.workers, "fw")
+    trainer = dealer(ctx, a.clients)
+    beat = fw.beat
+
+    def status(rid):
+        trainer.send_multipart(pack({"type": "STATUS", "id": rid}))
+        return until_answer(trainer, rid, 30, beat)
+
+    st, rid = None, 1000
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        st = status(rid)
+        rid += 1
+        if st and any(w.get("name") == "fw" for w in st.get("workers", [])):
+            break
+        fw.wait(lambda h: False, 0.1)
+    say(st is not None and any(w.get("name") == "fw" for w in st.get("workers", [])), "the fake worker registers")
+
+    sync = {"type": "SYNC", "id": 1, "component": "transformer", "version": 2, "sha256": sha_file(a.weights),
+            "path": os.path.abspath(a.weights), "deadline_ms": 120000}
+    trainer.send_multipart(pack(sync))
+    got = fw.wait(lambda h: h.get("type") == "SYNC" and h.get("version") == 2, 30)
+    say(got is not None, "the fake worker is sent SYNC v2, and its barrier waits for its ack")
+    if got is None:
+        done(0, trainer)
+    for _ in range(a.n):
+        trainer.send_multipart(pack(sync))
+        beat()
+    # one connection's messages are handled in order: the STATUS answer
+    # comes after every resend was read
+    st = status(rid)
+    rid += 1
+    say(st is not None and st.get("pending", {}).get("transformer") == 2,
+        f"{a.n} resends of the same SYNC while its barrier waits: no answer of their own, v2 still pending")
+    fw.s.send_multipart(pack({"type": "SYNC_ACK", "id": got["id"], "component": "transformer", "version": 2,
+                              "ok": True}))
+    d = until_answer(trainer, 1, 30, beat)
+    say(d is not None and d.get("type") == "SYNC_DONE" and d.get("complete") is True,
+        f"once the worker acks, the trainer's one SYNC_DONE comes, complete ({d})")
+
+    answered = 0
+    for k in range(a.n):
+        trainer.send_multipart(pack(dict(sync, id=10000 + k)))
+        if k % 50 == 49 or k == a.n - 1:
+            # a few in flight at a time: the trainer's queue never fills
+            while answered <= k:
+                h = until_answer(trainer, 10000 + answered, 30, beat)
+                if h is None or h.get("type") != "SYNC_DONE" or h.get("complete") is not True:
+                    break
+                answered += 1
+    say(answered == a.n, f"{a.n} resends of v2 once current: each answered SYNC_DONE complete at once "
+        f"({answered} were)")
+
+    sync3 = dict(sync, id=3, version=3, sha256=sha_file(a.weights3), path=os.path.abspath(a.weights3))
+    trainer.send_multipart(pack(sync3))
+    got = fw.wait(lambda h: h.get("type") == "SYNC" and h.get("version") == 3, 30)
+    if got is not None:
+        fw.s.send_multipart(pack({"type": "SYNC_ACK", "id": got["id"], "component": "transformer", "version": 3,
+                                  "ok": True}))
+    d = until_answer(trainer, 3, 30, beat)
+    say(d is not None and d.get("type") == "SYNC_DONE" and d.get("current") == 3,
+        f"v3 is synced and applied: v2 is no longer current ({d})")
+    done(0, trainer)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("resend")
+    r.add_argument("--clients", required=True)
+    r.add_argument("--workers", required=True)
+    r.add_argument("--weights", required=True)
+    r.add_argument("--weights3", required=True)
+    r.add_argument("--n", type=int, default=500)
+    a = ap.parse_args()
+    guard(200)
+    run_resend(a)
+
+
+if __name__ == "__main__":
+    main()
