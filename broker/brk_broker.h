@@ -293,11 +293,12 @@ struct brk_uploads;
 struct brk_ha;
 struct brk_held_client;
 
-/* A worker-socket connection FETCH answers are read for
- * (brk_upload_serve.c): each answer read into memory counts in `out`
- * until ZeroMQ has sent it and frees its buffer (on ZeroMQ's I/O thread,
- * hence atomic). A connection with BRK_FETCH_OUT_MAX on their way is
- * answered busy: a worker keeps 4 in flight, and one that asks without
+/* A connection FETCH answers are read for (brk_upload_serve.c): a
+ * worker's on the worker socket, or the peer broker's on the client
+ * socket. Each answer read into memory counts in `out` until ZeroMQ has
+ * sent it and frees its buffer (on ZeroMQ's I/O thread, hence atomic). A
+ * connection with BRK_FETCH_OUT_MAX on their way is answered busy: a
+ * worker, and a pair's copy, keep 4 in flight, and one that asks without
  * reading would otherwise have the routing thread read and hold 4 MiB
  * for each FETCH. BRK_FETCH_PEERS connections at once, a slot reused once
  * its answers went. Over all connections, the bytes of those answers are
@@ -308,6 +309,7 @@ struct brk_held_client;
 typedef struct {
     unsigned char who[256];          /* its routing id */
     size_t who_len;
+    bool worker_side;                /* on the worker socket (else the client socket: ids are per socket) */
     atomic_int out;
 } brk_fetch_peer_t;
 

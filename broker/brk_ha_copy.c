@@ -17,7 +17,8 @@
  * worker's FETCH of it waits for its bytes as for an upload's. A standby's
  * copy that stalls keeps what came and resumes there at its next try; one
  * refused starts over; each failure of the same version doubles the wait
- * before the next try (5 s to 320 s); a copy of a version no longer wanted,
+ * before the next try (5 s to 320 s); a FETCH answered busy is asked
+ * again, as a stall's; a copy of a version no longer wanted,
  * or one under way when this broker takes over or steps down, stops and
  * its part is removed. */
 #include "broker/brk_ha_int.h"
@@ -275,7 +276,11 @@ void brk_ha_copy_answer(brk_t *b, wire_msg_t *m) {
     } else if (msg_type(m) == MSG_ERROR) {
         msg_error_t e;
         if (msg_error_decode(m, &e, &err) != 0) end(b, COPY_REFUSED, "a bad ERROR from %s: %s", PEER_NAME(c), err.message);
-        else end(b, COPY_REFUSED, "%s answered %s: %s", PEER_NAME(c), e.code, e.message);
+        else if (strcmp(e.code, WIRE_E_BUSY)) end(b, COPY_REFUSED, "%s answered %s: %s", PEER_NAME(c), e.code, e.message);
+        /* busy (the peer holds --max-fetch-mb of answers not yet read, or
+         * this connection's 16): no failure; the chunk wanted next is
+         * asked again after BRK_HA_COPY_RESEND_MS without one (the
+         * timers), and the copy stalls only past BRK_HA_COPY_TIMEOUT_MS */
     }
 }
 

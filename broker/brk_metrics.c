@@ -169,7 +169,7 @@ static void render(brk_t *b, reel_text_t *t) {
     reel_prom_sample(t, "reel_broker_fetch_bytes_total", "from=\"arriving_chunk\"", (double)b->fetch_bytes_shared);
     reel_prom_sample(t, "reel_broker_fetch_bytes_total", "from=\"file\"", (double)b->fetch_bytes_read);
     reel_prom_family(t, "reel_broker_fetch_out_bytes", "gauge",
-                     "Bytes of uploaded weights read for workers' FETCHes and not yet sent (at most --max-fetch-mb; "
+                     "Bytes of uploaded weights read for FETCHes (workers', a pair's peer broker's) and not yet sent (at most --max-fetch-mb; "
                      "past it FETCHes are answered busy).");
     reel_prom_sample(t, "reel_broker_fetch_out_bytes", "", (double)atomic_load(&b->fetch_out_bytes));
     reel_prom_family(t, "reel_broker_malformed_total", "counter", "Unreadable messages received.");

@@ -37,8 +37,8 @@ static const reel_opt_t rows[] = {
       .help = "request tensor bytes held at once before BUSY; also the most bytes of answers held for "
               "clients whose queue is full (default 2048)" },
     { .name = "max-fetch-mb", .kind = REEL_OPT_SET, .set = set_fetch, .expect = "4..1073741824 (MiB)", .arg = "N",
-      .help = "bytes of uploaded weights read for workers' FETCHes and\n"
-              "not yet sent, all workers together, before busy (default 512)" },
+      .help = "bytes of uploaded weights read for FETCHes and not yet\n"
+              "sent, workers and the peer broker together, before busy (default 512)" },
     { .name = "sync-deadline-ms", .kind = REEL_OPT_U64, .off = O(sync_deadline_ms), .ulo = 1, .uhi = UINT32_MAX,
       .arg = "N", .help = "default weight-sync barrier deadline (default 30000)" },
     { .name = "request-deadline-ms", .kind = REEL_OPT_U64, .off = O(request_deadline_ms), .ulo = 1,

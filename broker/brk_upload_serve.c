@@ -3,10 +3,13 @@
  * FETCH of bytes still to come waits (parked) in the upload's slot until
  * its chunk comes (answered with that chunk's frame, shared with ZeroMQ)
  * or the upload fails (ERROR). A connection's answers keep its order. A
- * worker-socket connection with BRK_FETCH_OUT_MAX answers read and not
- * yet sent is answered busy (brk_fetch_peer_t), and so is any FETCH whose
- * bytes would take the answers read and not yet sent, all connections
- * together, past --max-fetch-mb. */
+ * connection with BRK_FETCH_OUT_MAX answers read and not yet sent is
+ * answered busy (brk_fetch_peer_t), and so is any FETCH whose bytes would
+ * take the answers read and not yet sent, all connections together, past
+ * --max-fetch-mb: a worker's on the worker socket and the peer broker's
+ * on the client socket alike (without keys anyone may send the latter,
+ * and a peer that asks without reading would have every answer read and
+ * held: 1,000 of 4 MiB in ZeroMQ's queue of one connection). */
 #include "broker/brk_upload.h"
 #include "broker/brk_upload_int.h"
 
@@ -54,21 +57,23 @@ static void free_chunk(void *data, void *hint) {
     free(o);
 }
 
-/* The fetch peer of connection `to`: its own slot, else one with no answer
- * on its way, taken; NULL when none is free. */
-static brk_fetch_peer_t *fetch_peer(brk_t *b, const zmq_msg_t *to) {
+/* The fetch peer of connection `to` on the worker (worker_side) or the
+ * client socket (each numbers its connections on its own): its own slot,
+ * else one with no answer on its way, taken; NULL when none is free. */
+static brk_fetch_peer_t *fetch_peer(brk_t *b, bool worker_side, const zmq_msg_t *to) {
     size_t n = zmq_msg_size((zmq_msg_t *)to);
     const void *who = zmq_msg_data((zmq_msg_t *)to);
     brk_fetch_peer_t *idle = NULL;
     if (n > sizeof b->fetch_peers[0].who) return NULL;
     for (int i = 0; i < BRK_FETCH_PEERS; i++) {
         brk_fetch_peer_t *p = &b->fetch_peers[i];
-        if (p->who_len == n && !memcmp(p->who, who, n)) return p;
+        if (p->worker_side == worker_side && p->who_len == n && !memcmp(p->who, who, n)) return p;
         if (!idle && atomic_load(&p->out) == 0) idle = p;
     }
     if (idle) {
         memcpy(idle->who, who, n);
         idle->who_len = n;
+        idle->worker_side = worker_side;
     }
     return idle;
 }
@@ -79,37 +84,35 @@ static uint64_t answer_bytes(uint64_t size, uint64_t offset, uint64_t max) {
     return offset >= size ? 0 : size - offset < max ? size - offset : max;
 }
 
-/* Whether n more bytes of answers may be read for workers now: false
- * (ERROR busy sent to `to`, naming the bound) when they would take those
- * read and not yet sent past --max-fetch-mb. */
-static bool bytes_fit(brk_t *b, const zmq_msg_t *to, uint64_t id, uint64_t n) {
+/* Whether n more bytes of answers may be read now: false (ERROR busy
+ * sent to `to` on the worker or client socket, naming the bound) when
+ * they would take those read and not yet sent past --max-fetch-mb. */
+static bool bytes_fit(brk_t *b, bool worker_side, const zmq_msg_t *to, uint64_t id, uint64_t n) {
     /* (only the routing thread adds: what it reads can only shrink meanwhile) */
     uint64_t out = atomic_load(&b->fetch_out_bytes);
     if (out + n <= b->opt.max_fetch_bytes) return true;
-    brk_error_to(b, true, to, id, WIRE_E_BUSY, "FETCH: %.1f MiB of answers are on their way to workers, the most "
+    brk_error_to(b, worker_side, to, id, WIRE_E_BUSY, "FETCH: %.1f MiB of answers are on their way, the most "
                  "the broker holds (--max-fetch-mb %llu): ask again later", (double)out / 1048576.0,
                  (unsigned long long)(b->opt.max_fetch_bytes >> 20));
     return false;
 }
 
 /* Whether FETCH q, whose answer carries n bytes, may have them read now;
- * else it is answered busy (docs/PROTOCOL.md: ask again later). The peer
- * broker's copy, on the client socket, asks one chunk at a time: not
- * bounded here. */
+ * else it is answered busy (docs/PROTOCOL.md: ask again later). On either
+ * socket: the peer broker's copy asks 4 chunks at a time, as a worker. */
 static bool may_read(fetch_t *q, uint64_t n, brk_fetch_peer_t **peer) {
     *peer = NULL;
-    if (!q->worker_side) return true;
-    brk_fetch_peer_t *p = fetch_peer(q->b, q->from);
+    brk_fetch_peer_t *p = fetch_peer(q->b, q->worker_side, q->from);
     if (p && atomic_load(&p->out) < BRK_FETCH_OUT_MAX) {
-        if (!bytes_fit(q->b, q->from, q->id, n)) return false;
+        if (!bytes_fit(q->b, q->worker_side, q->from, q->id, n)) return false;
         *peer = p;
         return true;
     }
     if (p)
-        brk_error_to(q->b, true, q->from, q->id, WIRE_E_BUSY, "FETCH: %d answers to this connection are still being "
+        brk_error_to(q->b, q->worker_side, q->from, q->id, WIRE_E_BUSY, "FETCH: %d answers to this connection are still being "
                      "sent: ask again once they are read", BRK_FETCH_OUT_MAX);
     else
-        brk_error_to(q->b, true, q->from, q->id, WIRE_E_BUSY, "FETCH: answers are on their way to %d connections: "
+        brk_error_to(q->b, q->worker_side, q->from, q->id, WIRE_E_BUSY, "FETCH: answers are on their way to %d connections: "
                      "ask again later", BRK_FETCH_PEERS);
     return false;
 }
@@ -234,8 +237,8 @@ void brk_upl_serve_parked(brk_t *b, slot_t *s, const msg_upload_t *u, const wire
          * taken when it came, within BRK_FETCH_PARKED_MAX; but no more bytes
          * are read for it past --max-fetch-mb: busy, and it asks again) */
         if (!serve_arrived(b, s, &to, p->id, p->offset, p->max, u, m) &&
-            bytes_fit(b, &to, p->id, answer_bytes(s->size, p->offset, p->max)))
-            serve_slot(b, s, &to, p->id, p->offset, p->max, fetch_peer(b, &to));
+            bytes_fit(b, true, &to, p->id, answer_bytes(s->size, p->offset, p->max)))
+            serve_slot(b, s, &to, p->id, p->offset, p->max, fetch_peer(b, true, &to));
         zmq_msg_close(&to);
     }
     s->n_parked = keep;

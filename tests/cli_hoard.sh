@@ -11,7 +11,12 @@
 #   2. resends of a SYNC whose barrier waits for its upload: a trainer
 #      sends it again 1,000 times under new ids; 63 join the barrier, the
 #      rest are answered busy, and at its end the SYNC and those 63 get
-#      one SYNC_DONE each.
+#      one SYNC_DONE each;
+#   3. FETCH answers nobody reads on the client socket of a standby
+#      pair's broker (where its peer copies uploads; without keys anyone
+#      may FETCH there): the same 8 connections, the same bound, counted
+#      with the worker socket's (before, nothing bounded them there: all
+#      128 answers were read and held).
 # Usage: cli_hoard.sh BUILD
 set -u
 B="${1:-build}"
@@ -50,4 +55,21 @@ grep -q "applied transformer v3" "$D/w1.log" && ok "the real worker applied v3" 
 gone "$BROKER" && { bad "the broker is still running"; show "$D/broker.log"; } || ok "the broker is still running"
 stop_proc "$WORKER" || bad "the worker stops on SIGTERM"
 stop_proc "$BROKER" && ok "the broker stops cleanly (exit 0)" || { bad "the broker stops cleanly"; show "$D/broker.log"; }
+
+# ---- 3. FETCH answers nobody reads, on a pair's client socket ----
+# One of a pair whose peer never answers: standby once the peer timeout
+# passes, active at the trainer's first UPLOAD that comes back (on
+# another connection: hoard_peer.py); then it serves FETCH on its client
+# socket.
+mkdir -p "$D/up2"
+cli_broker "$D/pair.log" --clients "ipc://$D/pc" --workers "ipc://$D/pw" --catalog "" --heartbeat-ms 200 \
+    --weights-dir "$D/up2" --max-fetch-mb 32 --peer "ipc://$D/nobody" --role primary --peer-timeout-ms 500 ||
+    { bad "the pair's broker starts"; finish; }
+wait_for "$D/pair.log" "peer not heard in" 30 || bad "the pair's broker gives up waiting for its peer"
+timeout -k 5 220 $PY "$T/hoard_peer.py" fetch --clients "ipc://$D/pc" --workers "ipc://$D/pw" --pid "$BROKER" \
+    --bound-mb 32 --fetch-on "ipc://$D/pc" >"$D/pairfetch.out" 2>&1
+py_checks "$D/pairfetch.out" $?
+gone "$BROKER" && { bad "the pair's broker is still running"; show "$D/pair.log"; } ||
+    ok "the pair's broker is still running"
+stop_proc "$BROKER" && ok "the pair's broker stops cleanly (exit 0)" || { bad "the pair's broker stops cleanly"; show "$D/pair.log"; }
 finish

@@ -2,11 +2,12 @@
 tests/cli_hoard.sh.
 
     hoard_peer.py fetch --clients EP --workers EP --pid BROKER_PID --bound-mb N
-                        [--conns 8] [--per 16] [--sync CMD...]
+                        [--fetch-on EP] [--conns 8] [--per 16] [--sync CMD...]
 
 `fetch`: stores 8 MiB as transformer v99 (an UPLOAD on the client socket),
-then opens --conns connections to the worker socket that each ask --per
-FETCHes of 4 MiB of it and read nothing (a receive queue of one message:
+then opens --conns connections to the worker socket (or --fetch-on EP:
+the client socket of a standby pair's broker, where its peer fetches)
+that each ask --per FETCHes of 4 MiB of it and read nothing (a receive queue of one message:
 what ZeroMQ and the kernel hold for them stays small, the rest waits in
 the broker). Without a bound over all connections the broker reads and
 holds every answer (8 x 16 x 4 MiB = 512 MiB); with --max-fetch-mb N it
@@ -89,9 +90,19 @@ def run_fetch(a):
     for k, off in enumerate(range(0, len(data), 4 * MiB)):
         chunk = data[off:off + 4 * MiB]
         trainer.send_multipart(pack({"type": "UPLOAD", "id": 10 + k, "component": "transformer", "version": 99,
-                                     "sha256": sha, "size": len(data), "offset": off},
+                                     "sha256": sha, "size": len(data), "offset": off, "client": "10a2"},
                                     [("chunk", "U8", (len(chunk),), chunk)]))
         ack = recv(trainer, 30)
+        if ack is not None and ack[0].get("code") == "standby" and k == 0:
+            # one of a pair whose peer is silent: the same UPLOAD (its
+            # client token) from another connection is a client back from
+            # the other broker, which makes this one take over
+            trainer.close(linger=0)
+            trainer = dealer(ctx, a.clients)
+            trainer.send_multipart(pack({"type": "UPLOAD", "id": 10, "component": "transformer", "version": 99,
+                                         "sha256": sha, "size": len(data), "offset": 0, "client": "10a2"},
+                                        [("chunk", "U8", (len(chunk),), chunk)]))
+            ack = recv(trainer, 30)
         if ack is None or ack[0].get("type") != "UPLOAD_ACK":
             break
     say(ack is not None and ack[0].get("complete") is True,
@@ -102,14 +113,15 @@ def run_fetch(a):
              "max": 4 * MiB}
     hwm0 = vm_hwm_kb(a.pid)
 
-    hoarders = [dealer(ctx, a.workers, rcvhwm=1) for _ in range(a.conns)]
+    on = a.fetch_on or a.workers
+    hoarders = [dealer(ctx, on, rcvhwm=1) for _ in range(a.conns)]
     for i, h in enumerate(hoarders):
         for k in range(a.per):
             h.send_multipart(pack(dict(fetch, id=1000 * (i + 1) + k)))
 
     # another connection asks for one byte until it is told the bound is
     # reached (the hoarders' FETCHes were sent first)
-    probe = dealer(ctx, a.workers)
+    probe = dealer(ctx, on)
     told, last = None, None
     end = time.monotonic() + 30
     pid = 1
@@ -256,6 +268,7 @@ def main():
     f.add_argument("--workers", required=True)
     f.add_argument("--pid", type=int, required=True)
     f.add_argument("--bound-mb", type=int, required=True)
+    f.add_argument("--fetch-on")
     f.add_argument("--conns", type=int, default=8)
     f.add_argument("--per", type=int, default=16)
     f.add_argument("--sync", nargs=argparse.REMAINDER)

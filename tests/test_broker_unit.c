@@ -5421,6 +5421,61 @@ START_TEST(test_a_standby_copies_the_peers_upload_resuming_a_stall_and_stopping_
 }
 END_TEST
 
+/* A peer that answers the copy's FETCH busy (it holds --max-fetch-mb of
+ * answers not yet read, or 16 to this connection: brk_upload_serve.c)
+ * did not refuse the version: the copy goes on, asks again for the chunk
+ * it wants next once BRK_HA_COPY_RESEND_MS pass without one, and stores
+ * it; no failure is counted. (A busy used to end the copy as refused,
+ * its part removed, tried again from the start 5 s later.) */
+START_TEST(test_a_copy_answered_busy_asks_again_instead_of_failing) {
+    box_t x;
+    char dir[] = "/tmp/reel-brk-habusy.XXXXXX", sha[65];
+    upload_box_open(&x, dir, 0);
+    x.b.opt.heartbeat_ms = 200;
+    x.b.opt.liveness = 5;
+    void *peer = sock(x.b.ctx, ZMQ_ROUTER);
+    ck_assert_int_eq(zmq_bind(peer, "inproc://peer-busy"), 0);
+    x.b.opt.peer = "inproc://peer-busy";
+    x.b.opt.primary = false;
+    ck_assert_int_eq(brk_ha_start(&x.b), 0);
+    struct brk_ha *h = x.b.ha;
+    unsigned char *bytes = pattern(2654435761u, 13, sha);
+
+    peer_announces(&x, 5, sha);
+    ck_assert(h->copy.on);
+    wire_msg_t *q[4];
+    msg_fetch_t f[4];
+    for (int i = 0; i < 4; i++) peer_takes_fetch(peer, &q[i], &f[i], 5, (uint64_t)i * MSG_CHUNK_MAX);
+    peer_answers(peer, &q[0], &f[0], bytes);
+    ck_assert_int_eq(msg_send_error(peer, &q[1]->identity, q[1]->id, WIRE_E_BUSY,
+                                    "FETCH: 512.0 MiB of answers are on their way (--max-fetch-mb 512)"), 0);
+    for (int i = 1; i < 4; i++) drop_msg(&q[i]);
+    standby_reads(&x);
+    ck_assert(h->copy.on);
+    ck_assert_int_eq(h->copy.failures, 0);
+    uint64_t held = 0;
+    ck_assert(brk_upload_progress(&x.b, "transformer", 5, sha, &held));
+    ck_assert_uint_eq(held, MSG_CHUNK_MAX);
+    /* nothing more comes: asked again from 4 MiB (the rest of the 9 MiB:
+     * 2 chunks), and then answered */
+    h->copy.progress_ms -= BRK_HA_COPY_RESEND_MS;
+    h->copy.asked_ms -= BRK_HA_COPY_RESEND_MS;
+    brk_ha_copy_timers(&x.b, brk_now_ms());
+    ck_assert(h->copy.on);
+    for (int i = 0; i < 2; i++) peer_takes_fetch(peer, &q[i], &f[i], 5, (uint64_t)(i + 1) * MSG_CHUNK_MAX);
+    for (int i = 0; i < 2; i++) peer_answers(peer, &q[i], &f[i], bytes);
+    standby_reads(&x);
+    ck_assert_msg(brk_upload_stored(&x.b, "transformer", 5, sha), "v5 stored: %s", reel_err_text());
+    ck_assert_uint_eq(h->copy.copied, 1);
+    ck_assert_int_eq(h->copy.failures, 0);
+
+    free(bytes);
+    brk_ha_stop(&x.b);
+    zmq_close(peer);
+    upload_box_close(&x, dir);
+}
+END_TEST
+
 START_TEST(test_pair_options_need_each_other) {
     brk_opts_t o;
     ck_assert_int_eq(opts(&o, "--peer", "tcp://127.0.0.1:6555", NULL), -1);
@@ -5749,6 +5804,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(se, test_pair_options_need_each_other);
     tcase_add_test(se, test_max_fetch_mb_defaults_to_512_and_holds_at_least_one_chunk);
     tcase_add_test(se, test_a_standby_copies_the_peers_upload_resuming_a_stall_and_stopping_a_replaced_one);
+    tcase_add_test(se, test_a_copy_answered_busy_asks_again_instead_of_failing);
     tcase_add_test(se, test_a_standby_names_requests_by_client_token_and_weights);
     suite_add_tcase(s, se);
 
