@@ -379,6 +379,8 @@ typedef struct {
     uint64_t worker_events_lost;     /* events the workers said they lost (EVENTS `dropped`): past a
                                       * worker's buffer, or in an EVENTS it could not send */
     reel_log_budget_t orphan_log;    /* those losses' share of the log */
+    brk_log_kinds_t refused_log;     /* peers' refused messages, by kind: their share of the log
+                                      * (brk_log_kind; the loop's timers sum up what was left out) */
 } brk_t;
 
 /* Notes route.applying of every worker: the newest transformer version of

@@ -111,8 +111,8 @@ static int hold(brk_t *b, const brk_ident_t *who, client_t *c, msg_type_t type, 
     }
     if (!m) {
         char hex[20];
-        brk_log("client %s: %s not held (%s): dropped", ident_hex(who, hex), msg_type_name(type),
-                over ? over : "out of memory");
+        brk_log_kind(&b->refused_log, "answers not held", "client %s: %s not held (%s): dropped", ident_hex(who, hex),
+                     msg_type_name(type), over ? over : "out of memory");
         wire_parts_close(k);
         errno = ENOBUFS;
         brk_undelivered(b, msg_type_name(type));

@@ -208,7 +208,7 @@ void brk_ha_peer(brk_t *b, const wire_msg_t *m, const msg_peer_t *p) {
     }
     int st = brk_ha_parse(p->state);
     if (st < 0) {
-        brk_log("PEER with an unknown state '%s': ignored", p->state);
+        brk_log_kind(&b->refused_log, "PEER refused", "PEER with an unknown state '%.32s': ignored", p->state);
         return;
     }
     bool peer_primary = !strcmp(p->role, "primary");

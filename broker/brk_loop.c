@@ -99,8 +99,11 @@ static void on_client(brk_t *b, wire_msg_t **mp, body_t *u) {
          * inline tensors is refused rather than recorded as a version no
          * worker will ever reach. */
         if (msg_sync_decode(m, &u->sync, &err) || msg_sync_validate(&u->sync, false, &err)) {
-            brk_log("SYNC refused: %s", err.message);
-            BAD_REPLY(b, false, m, err.code, "SYNC: %s", err.message);
+            /* logged (and audited: brk_zap_admit) within the answers' budget */
+            if (brk_reply_allowed(b, &m->identity)) {
+                brk_log_kind(&b->refused_log, "SYNC refused", "SYNC refused: %s", err.message);
+                brk_error_to(b, false, &m->identity, m->id, err.code, "SYNC: %s", err.message);
+            }
         } else if (brk_ha_client(b, m, brk_ha_key_weights(u->sync.client, u->sync.component, u->sync.version, u->sync.sha256))) {
             brk_sync_request(b, &m->identity, m->id, &u->sync);
         }
@@ -213,7 +216,7 @@ static void on_worker(brk_t *b, wire_msg_t *m, body_t *u) {
          * its budget allows. */
         if (!brk_reply_allowed(b, &m->identity)) return;
         if (msg_send(b->workers, &m->identity, MSG_RECONNECT, 0, NULL, NULL) == 0)
-            brk_log("unknown worker sent %s: told to RECONNECT", m->type);
+            brk_log_kind(&b->refused_log, "RECONNECT", "unknown worker sent %s: told to RECONNECT", m->type);
         else
             brk_undelivered(b, "RECONNECT");
         return;
@@ -350,6 +353,15 @@ static int drain(brk_t *b, bool worker_side, wire_msg_t **spare) {
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* What the log's budgets left out, once their window ends: said now, not
+ * only with the next line of their kind (which may never come). */
+static void log_summaries(brk_t *b) {
+    brk_log_kinds_summary(&b->refused_log);
+    brk_log_summary(&b->ready_log, "READY");
+    brk_log_summary(&b->orphan_log, "EVENTS");
+    for (int i = 0; i < b->n_w; i++) brk_log_summary(&b->w[i]->log, b->w[i]->route.name);
+}
+
 int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
     void *ha = brk_ha_socket(b), *worker_mon = brk_zap_monitor(b->zap, true);
     zmq_pollitem_t items[5] = {
@@ -400,6 +412,7 @@ int brk_run(brk_t *b, volatile sig_atomic_t *stop) {
         brk_sync_timers(b, now);
         brk_upload_timers(b, now);
         brk_ha_timers(b, now);
+        log_summaries(b);
         settle(b);
         BRK_CHECK_INVARIANTS(b, "the timers");
         brk_metrics_publish(b, now);

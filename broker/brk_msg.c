@@ -29,7 +29,8 @@ void brk_undelivered(brk_t *b, const char *what) {
                 zmq_strerror(errno));
 }
 
-bool brk_reply_allowed(brk_t *b, const zmq_msg_t *identity) {
+/* The budget of the peer at identity, refilled to now. */
+static brk_bucket_t *bucket(brk_t *b, const zmq_msg_t *identity) {
     zmq_msg_t *m = (zmq_msg_t *)identity; /* zmq's getters are not const */
     uint64_t who = cap_hash_bytes(zmq_msg_data(m), zmq_msg_size(m));
     brk_bucket_t *k = &b->replies[who % BRK_REPLY_SLOTS];
@@ -39,6 +40,13 @@ bool brk_reply_allowed(brk_t *b, const zmq_msg_t *identity) {
     k->tokens += (double)(now - k->at_ms) * (BRK_REPLY_RATE / 1000.0);
     if (k->tokens > BRK_REPLY_BURST) k->tokens = BRK_REPLY_BURST;
     k->at_ms = now;
+    return k;
+}
+
+bool brk_reply_budget_left(brk_t *b, const zmq_msg_t *identity) { return bucket(b, identity)->tokens >= 1.0; }
+
+bool brk_reply_allowed(brk_t *b, const zmq_msg_t *identity) {
+    brk_bucket_t *k = bucket(b, identity);
     if (k->tokens >= 1.0) {
         k->tokens -= 1.0;
         return true;

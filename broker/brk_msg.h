@@ -35,6 +35,10 @@ void brk_undelivered(brk_t *b, const char *what);
  * otherwise the answer is counted in replies_suppressed and not sent, so
  * a peer flooding junk costs the broker no more than reading it. */
 bool brk_reply_allowed(brk_t *b, const zmq_msg_t *identity);
+/* Whether brk_reply_allowed would say true now, nothing taken: what goes
+ * with the answer (a refused SYNC's audit) is written only when it will
+ * be sent. */
+bool brk_reply_budget_left(brk_t *b, const zmq_msg_t *identity);
 
 /* A message struct to receive into (each is ~4 KB, past malloc's fast
  * bins: an accepted GEN keeps one until answered, and they are reused

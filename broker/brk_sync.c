@@ -892,7 +892,12 @@ void brk_sync_request(brk_t *b, const zmq_msg_t *from, uint64_t id, const msg_sy
         /* stale_version has no library code of its own: the one code
          * refusal gives only for it (REEL_E_STATE) is answered so here */
         const char *code = e.code == REEL_E_STATE ? WIRE_E_STALE : wire_err_code_of(e.code);
-        brk_log("SYNC refused: %s", e.msg);
+        /* logged, audited and answered within the peer's budget for
+         * answers to bad messages (as a forbidden SYNC is: brk_zap.c);
+         * past it only counted (replies_suppressed): a trainer key that
+         * repeats a refused SYNC wrote a line and a kept row for each */
+        if (!brk_reply_allowed(b, from)) return;
+        brk_log_kind(&b->refused_log, "SYNC refused", "SYNC refused: %s", e.msg);
         snprintf(outcome, sizeof outcome, "refused: %s: %s", code, e.msg);
         brk_zap_audit(b, &who, "sync", m, outcome);
         brk_error_to(b, false, from, id, code, "SYNC: %s", e.msg);
@@ -991,8 +996,8 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
      * it) is not the answer to the last: that one comes in turn. An ack
      * without an id (0) is taken as it is. */
     if (id && ws->sent_id && version == ws->sent && id != ws->sent_id) {
-        brk_log("worker %s answered an earlier SYNC of %s v%llu (id %llu, the last is %llu): %s, ignored",
-                w->route.name, comp, (unsigned long long)version, (unsigned long long)id,
+        brk_log_limited(&w->log, w->route.name,
+                "worker %s answered an earlier SYNC of %s v%llu (id %llu, the last is %llu): %s, ignored", w->route.name, comp, (unsigned long long)version, (unsigned long long)id,
                 (unsigned long long)ws->sent_id, ok ? "applied" : err);
         return;
     }

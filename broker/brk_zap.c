@@ -525,6 +525,10 @@ bool brk_zap_admit(brk_t *b, bool worker_side, wire_msg_t *m, const wire_err_t *
                            "SYNC: the %s role may not publish weights (a trainer key may)", reel_role_name(who.role));
         return false;
     }
+    /* A SYNC refused for its fields is audited with its answer, within
+     * the peer's budget (the loop answers it: brk_reply_allowed); past
+     * it, only counted, as a forbidden one. */
+    if (m->has_identity && !brk_reply_budget_left(b, &m->identity)) return true;
     if (bad) {
         snprintf(outcome, sizeof outcome, "refused: %s: %s", bad->code, bad->message);
         audit(b, &who, m, outcome);

@@ -13,6 +13,15 @@ The audit rows are counted by the shell (the catalog's writer stores them
 after the answers). Checks: every message is answered as the protocol
 says.
 
+    bounds_peer.py flood --clients EP --workers EP --log BROKER_LOG [--n 2000] [--conns 300]
+
+`flood`: peers that never read send --n each of: SYNCs refused for their
+fields, SYNCs of a component not served, junk frames and unknown types,
+and 3,000 STATUS (client socket); --conns fresh connections send one RESULT each
+(worker socket). Checks: the broker read them all and still answers;
+prints "ELAPSED S" (the flood's seconds) for the shell, which counts the
+log lines and audit rows.
+
 Prints one PASS/FAIL line per check (tests/lib_cli.sh py_checks), exit 0.
 """
 
@@ -164,6 +173,64 @@ def run_resend(a):
     done(0, trainer)
 
 
+def run_flood(a):
+    """Refused messages by the thousand, from peers that never read."""
+    ctx = zmq.Context.instance()
+    t0 = time.monotonic()
+
+    def reader_less(ep):
+        s = dealer(ctx, ep)
+        s.setsockopt(zmq.RCVHWM, 1)
+        s.setsockopt(zmq.RCVBUF, 4096)
+        return s
+
+    sha = "ab" * 32
+    bad = reader_less(a.clients)       # SYNCs refused for their fields (version 0)
+    stale = reader_less(a.clients)     # SYNCs refused by the sync module (a component not served)
+    asker = reader_less(a.clients)     # STATUS, never reading the answers
+    junk = reader_less(a.clients)      # frames that do not parse, and unknown types
+    for i in range(a.n):
+        bad.send_multipart(pack({"type": "SYNC", "id": i + 1, "component": "transformer", "version": 0,
+                                 "sha256": sha, "path": "/w/x.safetensors"}))
+        stale.send_multipart(pack({"type": "SYNC", "id": i + 1, "component": "vae", "version": 5, "sha256": sha,
+                                   "path": "/w/x.safetensors"}))
+        junk.send_multipart([b"\x01junk"])
+        junk.send_multipart(pack({"type": "NOPE", "id": i + 1}))
+    # past ZeroMQ's queue (1,000) and the answers held for one client
+    # (1,024): each further answer is dropped, "not held"
+    for i in range(3000):
+        asker.send_multipart(pack({"type": "STATUS", "id": i + 1}))
+    # strangers on the worker socket: a fresh connection each, one message
+    for i in range(a.conns):
+        s = dealer(ctx, a.workers)
+        s.send_multipart(pack({"type": "RESULT", "id": i + 1}))
+        s.close(linger=1000)
+    # one connection's messages are handled in order: once a STATUS on
+    # each flooding connection is answered, all came before it was read
+    for s, name in ((bad, "bad"), (stale, "stale"), (junk, "junk")):
+        while recv(s, 0) is not None:
+            pass
+        s.send_multipart(pack({"type": "STATUS", "id": 999999}))
+        h = until_answer(s, 999999, 60)
+        say(h is not None and h.get("type") == "STATUS_REPLY", f"the broker read the {name} flood ({a.n} messages)"
+            " and still answers STATUS on that connection")
+    # the asker stays until its STATUS are read: its answers' drops are
+    # logged (and only 20 of them: the rest are left out)
+    end = time.monotonic() + 60
+    seen = 0
+    while time.monotonic() < end:
+        with open(a.log, encoding="utf-8", errors="replace") as f:
+            seen = sum("STATUS_REPLY not held" in line for line in f)
+        if seen >= 20:
+            break
+        time.sleep(0.1)
+    say(seen >= 20, f"the 3,000 STATUS never read overflow what the broker holds for their client ({seen} lines)")
+    print(f"ELAPSED {time.monotonic() - t0:.1f}")
+    for s in (bad, stale, asker, junk):
+        s.close(linger=0)
+    done(0)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -173,9 +240,18 @@ def main():
     r.add_argument("--weights", required=True)
     r.add_argument("--weights3", required=True)
     r.add_argument("--n", type=int, default=500)
+    f = sub.add_parser("flood")
+    f.add_argument("--clients", required=True)
+    f.add_argument("--workers", required=True)
+    f.add_argument("--n", type=int, default=2000)
+    f.add_argument("--conns", type=int, default=300)
+    f.add_argument("--log", required=True)
     a = ap.parse_args()
     guard(200)
-    run_resend(a)
+    if a.mode == "resend":
+        run_resend(a)
+    else:
+        run_flood(a)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,15 @@
 #      (fake) worker that has not acked, and 500 times more once it is
 #      current: the catalog's audit trail gets the SYNC's row, one
 #      "resend" row per phase and one row per phase saying how many more
-#      came ("resend: 500 more while ..."), not a row per resend.
+#      came ("resend: 500 more while ..."), not a row per resend;
+#   2. peers that never read send 2,000 each of refused messages (SYNCs
+#      refused for their fields or by the sync module, junk, unknown
+#      types), 3,000 STATUS whose answers pile up, and 300 strangers one RESULT
+#      each on the worker socket: each kind of refusal writes its first
+#      lines verbatim and then one "N more lines like the ones above"
+#      line a 10 s window, and a refused SYNC is audited only while its
+#      peer may be answered (before: a line, or two and an audit row, per
+#      message: over 8,000 lines).
 # Usage: cli_peer_bounds.sh BUILD
 set -u
 B="${1:-build}"
@@ -47,5 +55,35 @@ n_audit=$(grep -c "audit: sync" "$D/broker.log")
     bad "the broker logged $n_audit audit lines for the resends"
 gone "$BROKER" && bad "the broker is still running" || ok "the broker is still running"
 stop_proc "$BROKER" && ok "the broker stops cleanly (exit 0)" || { bad "the broker stops cleanly"; show "$D/broker.log"; }
+
+# ---- 2. a flood of refused messages: the log's budget ----
+cli_broker "$D/flood.log" --clients "ipc://$D/fc" --workers "ipc://$D/fw" --catalog "$DB.2" --heartbeat-ms 500 ||
+    { bad "broker starts"; finish; }
+lines0=$(wc -l <"$D/flood.log")
+timeout -k 5 220 $PY "$T/bounds_peer.py" flood --clients "ipc://$D/fc" --workers "ipc://$D/fw" --n 2000 \
+    --conns 300 --log "$D/flood.log" >"$D/flood.out" 2>&1
+py_checks "$D/flood.out" $?
+# every kind's window ends within 10 s of its first line: its summary
+# comes with the timers then (the event waited for)
+for kind in "SYNC refused" "answers not held" "RECONNECT"; do
+    wait_for "$D/flood.log" "reel-broker: $kind: [0-9]+ more lines like the ones above" 40 ||
+        bad "no summary of the '$kind' lines left out"
+done
+lines=$(($(wc -l <"$D/flood.log") - lines0))
+grep -q "reel-broker: SYNC refused: 'version' must be" "$D/flood.log" &&
+    grep -q 'reel-broker: SYNC refused: workers serve component "transformer" only, not "vae"' "$D/flood.log" &&
+    grep -q "reel-broker: unknown worker sent RESULT: told to RECONNECT" "$D/flood.log" &&
+    grep -q "reel-broker: client [0-9a-f]*: STATUS_REPLY not held" "$D/flood.log" &&
+    ok "the first lines of each kind are written as they were" || { bad "the first lines"; show "$D/flood.log"; }
+[ "$lines" -le 200 ] && ok "11,300 refused messages wrote $lines log lines" ||
+    { bad "11,300 refused messages wrote $lines log lines"; sed 's/[0-9]\+/N/g' "$D/flood.log" | sort | uniq -c | sort -rn | head -5; }
+secs=$(sed -n 's/^ *| ELAPSED //p; s/^ELAPSED //p' "$D/flood.out" | head -1)
+most=$(/usr/bin/python3 -c "import math; print(2 * (20 + 10 * math.ceil(${secs:-100})) + 4)")
+wait_sql "$DB.2" "select count(*) from audit" 1 30 || bad "refused SYNCs are audited"
+rows=$(/usr/bin/sqlite3 "$DB.2" "select count(*) from audit")
+[ "$rows" -le "$most" ] && ok "4,000 refused SYNCs in ${secs} s: $rows audit rows (at most $most: 20 and 10 a second each peer)" ||
+    bad "4,000 refused SYNCs in ${secs} s: $rows audit rows (more than $most)"
+gone "$BROKER" && bad "the broker is still running" || ok "the broker is still running"
+stop_proc "$BROKER" && ok "the broker stops cleanly (exit 0)" || { bad "the broker stops cleanly"; show "$D/flood.log"; }
 
 finish

@@ -4147,6 +4147,40 @@ START_TEST(test_a_worker_flooding_faulty_messages_has_a_bounded_share_of_the_log
 }
 END_TEST
 
+/* Peers' refused messages share the log by kind (brk_log_kind): each
+ * kind writes its first REEL_LOG_BURST lines of a window as they are,
+ * one kind's flood leaves another's lines alone, and the lines left out
+ * are summed up once the window is over even when no line of that kind
+ * comes again (brk_log_kinds_summary, from the loop's timers). */
+START_TEST(test_refused_messages_share_the_log_by_kind_and_are_summed_up_after_the_window) {
+    brk_log_kinds_t t;
+    memset(&t, 0, sizeof t);
+    char path[] = "/tmp/reel-brk-kinds.XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    ck_assert_int_eq(dup2(fd, 2), 2);
+    for (int i = 0; i < 1000; i++) brk_log_kind(&t, "SYNC refused", "SYNC refused: flood %d", i);
+    for (int i = 0; i < 3; i++) brk_log_kind(&t, "RECONNECT", "unknown worker sent X %d", i);
+    brk_log_kinds_summary(&t); /* the window still runs: nothing to say yet */
+    for (int i = 0; i < t.n; i++) t.lb[i].window_ms -= REEL_LOG_WINDOW_MS; /* the window is over */
+    brk_log_kinds_summary(&t);
+    brk_log_kinds_summary(&t); /* said once */
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    ck_assert_int_eq(t.n, 2);
+    ck_assert_int_eq(lines_with(path, "SYNC refused: flood "), REEL_LOG_BURST);
+    ck_assert_int_eq(lines_with(path, "SYNC refused: flood 0"), 1);
+    ck_assert_int_eq(lines_with(path, "unknown worker sent X "), 3);
+    ck_assert_int_eq(lines_with(path, "SYNC refused: 980 more lines like the ones above were left out"), 1);
+    ck_assert_int_eq(lines_with(path, "more lines like"), 1); /* none for RECONNECT: nothing was left out */
+    unlink(path);
+}
+END_TEST
+
 /* Worker i's READY at v1 with tiny's config (patch 2) and --max-tokens
  * max_tokens (0: none). */
 static void ready_tokens(box_t *x, int i, uint64_t max_tokens) {
@@ -5782,6 +5816,7 @@ static Suite *broker_unit_suite(void) {
     tcase_add_test(an, test_uploads_of_another_component_are_refused_and_a_fifth_open_one_is_busy);
     tcase_add_test(an, test_a_shape_too_large_for_its_owner_goes_to_a_worker_it_fits);
     tcase_add_test(an, test_a_worker_flooding_faulty_messages_has_a_bounded_share_of_the_log);
+    tcase_add_test(an, test_refused_messages_share_the_log_by_kind_and_are_summed_up_after_the_window);
     tcase_add_test(an, test_an_upload_with_other_bytes_replaces_a_version_never_applied);
     tcase_add_test(an, test_without_a_hashing_thread_uploads_are_hashed_inline_with_the_same_outcomes);
     tcase_add_test(an, test_request_outcome_labels_are_bounded_and_clean);
