@@ -1317,6 +1317,9 @@ class Run:
               all(f.get("reason") == "sha256 mismatch" for f in m[0].get("failed", [])) and m[0].get("failed"),
               "v3 again (the failed version may be published again) with a wrong sha256: failed \"sha256 mismatch\"",
               show(m))
+        # each run of refusals on a connection of its own: a peer is answered
+        # about its bad messages 20 at once, then 10 a second ("replies_suppressed")
+        q = self.peer()
         for why, f in (("another component", dict(component="vae", version=3, sha256=sha3, path=a.v2)),
                        ("a sha256 of 63 digits", dict(component="transformer", version=3, sha256=sha3[:63], path=a.v2)),
                        ("both path and uploaded", dict(component="transformer", version=3, sha256=sha3, path=a.v2,
@@ -1325,12 +1328,12 @@ class Run:
                        ("version 0", dict(component="transformer", version=0, sha256=sha3, path=a.v2)),
                                               ("a path of 1024 bytes", dict(component="transformer", version=3, sha256=sha3,
                                                      path="/" + "p" * 1023))):
-            m = self.sync(timeout=10, **f)
+            m = self.sync(q, timeout=10, **f)
             check(is_error(m, "bad_request"), "a SYNC with %s is ERROR bad_request" % why, show(m))
         for why, f in (("version 2^63", dict(component="transformer", version=2 ** 63, sha256=sha3, path=a.v2)),
                        ("a client that is not a hash", dict(component="transformer", version=3, sha256=sha3,
                                                             path=a.v2, client="token!"))):
-            m = self.sync(timeout=10, **f)
+            m = self.sync(q, timeout=10, **f)
             check(is_error(m, "bad_request"), "a SYNC with %s is ERROR bad_request" % why, show(m))
         m = self.c.ask("SYNC", 55, 10, [ctx_tensor()], component="transformer", version=3, sha256=sha3, path=a.v2)
         check(is_error(m, "bad_request", 55), "a SYNC with inline tensors is ERROR bad_request", show(m))
@@ -1358,15 +1361,17 @@ class Run:
         _, _, r = self.gen(steps=2)
         check(r is not None and r[0].get("version") == 3, "a GEN after it runs on v3", show(r))
         # an upload's edges
+        q.close()
+        q = self.peer()
         up3 = dict(component="transformer", version=3, sha256=sha3, size=len(raw3))
-        m = self.c.ask("UPLOAD", 64, 10, ch(0, 16), offset=0, **up3)
+        m = q.ask("UPLOAD", 64, 10, ch(0, 16), offset=0, **up3)
         check(m is not None and m[0].get("type") == "UPLOAD_ACK" and m[0].get("complete") is True and
               m[0].get("received") == len(raw3),
               "UPLOAD of a version the broker holds with the same sha256: complete at once", show(m))
-        m = self.c.ask("UPLOAD", 65, 10, ch(0, 16), offset=0, **dict(up3, version=2))
+        m = q.ask("UPLOAD", 65, 10, ch(0, 16), offset=0, **dict(up3, version=2))
         check(is_error(m, "stale_version", 65), "UPLOAD of a version older than the current one: stale_version",
               show(m))
-        m = self.c.ask("UPLOAD", 66, 10, ch(0, 16), offset=0, **dict(up3, sha256=sha2))
+        m = q.ask("UPLOAD", 66, 10, ch(0, 16), offset=0, **dict(up3, sha256=sha2))
         check(is_error(m, "stale_version", 66), "UPLOAD of the current version with another sha256: stale_version",
               show(m))
         for i, (why, f, t) in enumerate((
@@ -1376,14 +1381,19 @@ class Run:
                 ("an empty chunk", dict(up3, version=9), [tensor("chunk", [0], b"", "U8")]),
                 ("no chunk", dict(up3, version=9), []),
                 ("another component", dict(up3, version=9, component="vae"), ch(0, 16)))):
-            m = self.c.ask("UPLOAD", 70 + i, 10, t, offset=0, **f)
+            m = q.ask("UPLOAD", 70 + i, 10, t, offset=0, **f)
             check(is_error(m, "bad_request", 70 + i), "an UPLOAD with %s is bad_request" % why, show(m))
         big = 4 * 1024 * 1024 + 1
-        m = self.c.ask("UPLOAD", 79, 10, [tensor("chunk", [big], b"\0" * big, "U8")], offset=0,
+        m = q.ask("UPLOAD", 79, 10, [tensor("chunk", [big], b"\0" * big, "U8")], offset=0,
                        **dict(up3, version=9, size=2 * big))
         check(m is not None and m[0].get("type") == "ERROR" and m[0].get("code") in ("bad_request", "too_large"),
               "an UPLOAD chunk of 4 MiB + 1 is refused", show(m))
-        m = self.sync(component="transformer", version=4, sha256=sha3, uploaded=True)
+        # on a connection of its own: the refusals above used up this one's
+        # answers to bad messages (20 at once, then 10 a second: "replies_suppressed")
+        fresh = self.peer()
+        m = self.sync(fresh, component="transformer", version=4, sha256=sha3, uploaded=True)
+        fresh.close()
+        q.close()
         check(is_error(m, "bad_request"), "SYNC uploaded of a version the broker does not hold is bad_request", show(m))
 
 
