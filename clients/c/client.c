@@ -842,7 +842,19 @@ int cli_live_next(reel_client_t *c, cli_live_t *st, const cli_live_msg_t *msgs, 
             }
             st->boot = c->boot = now_boot; /* another broker (a restart lost them), or none known: send again */
         } else {
-            if (strcmp(err->code, WIRE_E_TIMEOUT) || cli_now_ms() >= deadline) return -1;
+            if (strcmp(err->code, WIRE_E_TIMEOUT)) return -1;
+            if (cli_now_ms() >= deadline) {
+                /* the deadline came while a broker was asked: what the
+                 * others answered still says why (a busy machine's pair of
+                 * standbys answers slowly, and the last move's answer was
+                 * late) */
+                if (c->n_eps > 1 && st->standbys >= c->n_eps)
+                    cli_set_err(err, WIRE_E_TIMEOUT,
+                                "no answer from the broker in time: every broker is the standby (%d answers "
+                                "standby, the last broker asked none in time)",
+                                st->standbys);
+                return -1;
+            }
             if (!st->asked) { /* silent for liveness_ms: is it there? */
                 st->ping = ++c->next_id;
                 if (send_msg(c, MSG_STATUS, st->ping, NULL, NULL, deadline, err) != 0) return -1;
