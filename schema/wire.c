@@ -95,17 +95,28 @@ const wire_tensor_t *wire_msg_tensor(const wire_msg_t *m, const char *name) {
     return NULL;
 }
 
+/* A key looked for, with its length. */
+typedef struct {
+    const char *s;
+    uint32_t n;
+} env_key_t;
+#define KEY(lit) { lit, sizeof(lit) - 1 }
+
 /* The values of keys[0..n) in map token `map`, in one pass (0 where
  * absent). */
-static void find_keys(const wire_msg_t *m, uint32_t map, const char *const *keys, uint32_t *at, int n) {
+static void find_keys(const wire_msg_t *m, uint32_t map, const env_key_t *keys, uint32_t *at, int n) {
     const wire_tok_t *v = wire_toks_v(&m->tok);
     const char *h = wire_msg_head(m);
     for (int j = 0; j < n; j++) at[j] = 0;
-    for (uint32_t i = 0, k = map + 1; i < v[map].n; i++, k = v[k + 1].next) {
-        const char *ks = h + v[k].v.off; /* keys are strings: the tokenizer checked */
+    /* (the envelope's keys come first in what Reel writes: the scan ends
+     * once each was met, as a key appears once) */
+    for (uint32_t i = 0, k = map + 1, found = 0; i < v[map].n && found < (uint32_t)n; i++, k = v[k + 1].next) {
+        /* keys are strings without NUL bytes: the tokenizer checked */
+        const char *ks = h + v[k].v.off;
         for (int j = 0; j < n; j++)
-            if (!at[j] && keys[j][0] == ks[0] && !strncmp(keys[j], ks, v[k].n) && keys[j][v[k].n] == '\0') {
+            if (!at[j] && keys[j].n == v[k].n && keys[j].s[0] == ks[0] && !memcmp(keys[j].s, ks, keys[j].n)) {
                 at[j] = k + 1;
+                found++;
                 break;
             }
     }
@@ -114,7 +125,7 @@ static void find_keys(const wire_msg_t *m, uint32_t map, const char *const *keys
 /* Fills *t from descriptor token d (descriptor i). 1 with *err set when
  * it is bad. Unknown keys of a descriptor are ignored. */
 static int parse_tensor(const wire_msg_t *m, uint32_t d, int i, wire_tensor_t *t, wire_err_t *err) {
-    static const char *const keys[4] = { "name", "dtype", "shape", "bytes" };
+    static const env_key_t keys[4] = { KEY("name"), KEY("dtype"), KEY("shape"), KEY("bytes") };
     const wire_toks_t *tk = &m->tok;
     const void *h = wire_msg_head(m);
     const wire_tok_t *v = wire_toks_v(tk);
@@ -186,7 +197,7 @@ static int parse_tensor(const wire_msg_t *m, uint32_t d, int i, wire_tensor_t *t
 
 /* The envelope: id, proto, type. 1 with *err set when it is bad. */
 static int parse_envelope(wire_msg_t *m, uint32_t *tensors, wire_err_t *err) {
-    static const char *const keys[4] = { "id", "proto", "type", "tensors" };
+    static const env_key_t keys[4] = { KEY("id"), KEY("proto"), KEY("type"), KEY("tensors") };
     const wire_toks_t *tk = &m->tok;
     const void *h = wire_msg_head(m);
     const wire_tok_t *v = wire_toks_v(tk);
