@@ -127,9 +127,10 @@ static bool same_key(const wkey_t *a, const wkey_t *b) {
     return a->n == b->n && (a->n == 0 || (a->s[0] == b->s[0] && !memcmp(a->s, b->s, a->n)));
 }
 
-/* True when the keys of map token m are distinct: pairwise for small maps,
- * sorted (O(n log n)) for large ones, so a 4096-entry map cannot be turned
- * into a quadratic CPU cost. -1 on out-of-memory. */
+/* True when the keys of map token m are distinct: for small maps a bit
+ * per key, compared pairwise only where bits meet; sorted (O(n log n)) for
+ * large ones, so a 4096-entry map cannot be turned into a quadratic CPU
+ * cost. -1 on out-of-memory. */
 static int keys_distinct(tk_t *d, uint32_t m) {
     const wire_tok_t *v = d->v;
     uint32_t n = v[m].n;
@@ -149,9 +150,20 @@ static int keys_distinct(tk_t *d, uint32_t m) {
         k[i].n = v[at].n;
     }
     if (n <= PAIRWISE_KEYS) {
-        for (uint32_t i = 1; i < n; i++)
-            for (uint32_t j = 0; j < i; j++)
-                if (same_key(&k[i], &k[j])) return 0;
+        /* Each key marks a bit for its length and first and last bytes:
+         * only a key whose bit is already set is compared with the keys
+         * before it (a header's keys rarely share one). */
+        uint64_t seen[4] = { 0, 0, 0, 0 };
+        for (uint32_t i = 0; i < n; i++) {
+            unsigned b = k[i].n ? (k[i].n * 37u + (unsigned char)k[i].s[0] * 5u +
+                                   (unsigned char)k[i].s[k[i].n - 1]) & 255u
+                                : 0u;
+            uint64_t bit = (uint64_t)1 << (b & 63u);
+            if (seen[b >> 6] & bit)
+                for (uint32_t j = 0; j < i; j++)
+                    if (same_key(&k[i], &k[j])) return 0;
+            seen[b >> 6] |= bit;
+        }
         return 1;
     }
     qsort(k, n, sizeof *k, cmp_keys);
@@ -161,6 +173,32 @@ static int keys_distinct(tk_t *d, uint32_t m) {
 }
 
 static uint32_t tk_val(tk_t *d, int depth);
+
+/* Whether the 8 bytes of x hold a zero byte. */
+static inline bool zero_byte(uint64_t x) { return ((x - 0x0101010101010101ull) & ~x & 0x8080808080808080ull) != 0; }
+
+/* Whether s[0..n) holds a NUL byte, where s + room is the end of the
+ * header: eight bytes at a time (keys are short: no call). A tail shorter
+ * than eight is read as eight when the header goes on that far, the bytes
+ * past it set to 0xff. */
+static bool has_nul(const unsigned char *s, uint32_t n, size_t room) {
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x;
+        memcpy(&x, s + i, 8);
+        if (zero_byte(x)) return true;
+    }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (i < n && room - i >= 8) {
+        uint64_t x;
+        memcpy(&x, s + i, 8);
+        return zero_byte(x | ~(uint64_t)0 << (8 * (n - i))); /* (n - i < 8: the shift is defined) */
+    }
+#endif
+    for (; i < n; i++)
+        if (!s[i]) return true;
+    return false;
+}
 
 /* A map key: a string without NUL bytes (peeked first, so a container
  * posing as a key is never parsed). */
@@ -173,10 +211,7 @@ static uint32_t tk_key(tk_t *d, int depth) {
     uint32_t k = tk_val(d, depth);
     if (k == BAD_TOK) return k;
     const wire_tok_t *t = &d->v[k];
-    const unsigned char *s = d->base + t->v.off;
-    bool nul = false;
-    for (uint32_t i = 0; i < t->n; i++) nul |= s[i] == 0; /* keys are short: no call */
-    if (nul) {
+    if (has_nul(d->base + t->v.off, t->n, (size_t)(d->end - (d->base + t->v.off)))) {
         wire_set_err(d->err, WIRE_E_MALFORMED, "map key holds a NUL byte");
         return BAD_TOK;
     }
