@@ -90,6 +90,7 @@ struct cat_roll {
     roll_ent_t **slots; /* open addressing; cap is a power of two */
     size_t cap, n;
     bool failed;        /* a delta was lost (out of memory): the batch must not commit */
+    roll_ent_t *last[R_TEXT]; /* per kind, the delta ent returned last (a run of requests shares one) */
     sqlite3_stmt *st[S_COUNT];
     /* the slowest requests of slow_hour: how many are kept and the fastest of them */
     bool slow_known;
@@ -170,10 +171,16 @@ static bool grow(struct cat_roll *r) {
 static roll_ent_t *ent(cat_t *c, int kind, const char *a, const char *b, uint64_t version, int64_t slot) {
     struct cat_roll *r = c->roll;
     a = a ? a : "";
+    /* the delta of the record before, without hashing the key again */
+    roll_ent_t *p = kind < R_TEXT ? r->last[kind] : NULL;
+    if (p && p->version == version && p->slot == slot && !strcmp(p->a, a) && !strcmp(p->b, b ? b : "")) return p;
     uint64_t h = ent_hash(kind, a, kind == R_TEXT ? NULL : (b ? b : ""), version, slot);
     if (r->cap) {
         for (size_t j = (size_t)h & (r->cap - 1); r->slots[j]; j = (j + 1) & (r->cap - 1))
-            if (ent_is(r->slots[j], h, kind, a, b, version, slot)) return r->slots[j];
+            if (ent_is(r->slots[j], h, kind, a, b, version, slot)) {
+                if (kind < R_TEXT) r->last[kind] = r->slots[j];
+                return r->slots[j];
+            }
     }
     if ((r->n + 1) * 2 > r->cap && !grow(r)) goto oom;
     if (kind != R_TEXT && !b) b = ""; /* a NULL key_hash is stored as "" (NOT NULL columns) */
@@ -192,6 +199,7 @@ static roll_ent_t *ent(cat_t *c, int kind, const char *a, const char *b, uint64_
     while (r->slots[j]) j = (j + 1) & (r->cap - 1);
     r->slots[j] = e;
     r->n++;
+    if (kind < R_TEXT) r->last[kind] = e;
     return e;
 oom:
     r->failed = true;
@@ -394,6 +402,7 @@ static void clear(struct cat_roll *r) {
         ent_free(r->slots[i]);
         r->slots[i] = NULL;
     }
+    memset(r->last, 0, sizeof r->last);
     r->n = 0;
     r->failed = false;
 }
