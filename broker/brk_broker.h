@@ -178,6 +178,7 @@ static inline unsigned brk_client_bucket(uint64_t client, uint64_t id) {
     return (unsigned)((client ^ (id * 0x9e3779b97f4a7c15ull)) % BRK_ID_BUCKETS);
 }
 #define BRK_MSG_POOL 64        /* spare message structs kept for reuse */
+#define BRK_REQ_POOL 64        /* spare request structs kept for reuse */
 
 /* A SYNC's resends past the first of each key (brk_sync.c): a trainer's
  * first resend of a version is audited, the rest are counted here and
@@ -369,6 +370,8 @@ typedef struct {
     uint64_t prewarm_keys_sent;      /* keys sent in PREWARMs */
     wire_msg_t *msg_pool[BRK_MSG_POOL]; /* closed message structs (brk_msg_new) */
     int n_msg_pool;
+    brk_req_t *req_pool[BRK_REQ_POOL]; /* freed request structs (brk_req_new) */
+    int n_req_pool;
     brk_metrics_t metrics;           /* live counters, and the --metrics server (brk_metrics.h) */
     reel_log_budget_t ready_log;     /* READY refusals and restarts: their share of the log (brk_log_limited) */
     /* EVENTS from worker connections not registered yet, kept until their

@@ -67,8 +67,21 @@ void brk_msg_free(brk_t *b, wire_msg_t *m) {
     else free(m);
 }
 
+brk_req_t *brk_req_new(brk_t *b) {
+    brk_req_t *r = b->n_req_pool ? b->req_pool[--b->n_req_pool] : malloc(sizeof *r);
+    if (r) memset(r, 0, sizeof *r);
+    return r;
+}
+
+void brk_req_release(brk_t *b, brk_req_t *r) {
+    if (!r) return;
+    if (b->n_req_pool < BRK_REQ_POOL) b->req_pool[b->n_req_pool++] = r;
+    else free(r);
+}
+
 void brk_msg_pool_free(brk_t *b) {
     while (b->n_msg_pool) free(b->msg_pool[--b->n_msg_pool]);
+    while (b->n_req_pool) free(b->req_pool[--b->n_req_pool]);
 }
 
 void brk_ident_from(brk_ident_t *id, const zmq_msg_t *msg) {

@@ -46,7 +46,12 @@ bool brk_reply_budget_left(brk_t *b, const zmq_msg_t *identity);
 wire_msg_t *brk_msg_new(brk_t *b);
 /* Closes m and keeps it for reuse (or frees it). NULL is a no-op. */
 void brk_msg_free(brk_t *b, wire_msg_t *m);
-/* Frees the kept ones (shutdown). */
+/* A zeroed request struct (~1 KB: calloc takes glibc's arena, not its
+ * per-thread cache, for every one), reused from those freed; NULL when
+ * out of memory. brk_req_release keeps r for reuse (or frees it). */
+brk_req_t *brk_req_new(brk_t *b);
+void brk_req_release(brk_t *b, brk_req_t *r);
+/* Frees the kept message and request structs (shutdown). */
 void brk_msg_pool_free(brk_t *b);
 
 /* The registered worker with this identity / name, or NULL. */

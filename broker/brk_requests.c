@@ -71,7 +71,7 @@ static void req_free(brk_t *b, brk_req_t *r) {
     client_unlink(b, r);
     b->held_bytes -= r->bytes;
     brk_msg_free(b, r->msg);
-    free(r);
+    brk_req_release(b, r);
 }
 
 static void queue_drop(brk_t *b, brk_req_t *r) {
@@ -539,7 +539,7 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
                   (double)b->opt.max_held_bytes / 1048576.0);
         return;
     }
-    brk_req_t *r = calloc(1, sizeof *r);
+    brk_req_t *r = brk_req_new(b);
     if (!r) {
         brk_error_to(b, false, &m->identity, m->id, WIRE_E_INTERNAL, "broker out of memory");
         return;
