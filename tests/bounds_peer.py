@@ -200,11 +200,22 @@ def run_flood(a):
     # (1,024): each further answer is dropped, "not held"
     for i in range(3000):
         asker.send_multipart(pack({"type": "STATUS", "id": i + 1}))
-    # strangers on the worker socket: a fresh connection each, one message
+    # strangers on the worker socket: a fresh connection each, one message;
+    # each stays until it is told to RECONNECT (the broker read it: on a
+    # busy machine its handshake can take longer than a closing socket
+    # waits, and the message never came)
+    strangers = []
     for i in range(a.conns):
         s = dealer(ctx, a.workers)
         s.send_multipart(pack({"type": "RESULT", "id": i + 1}))
-        s.close(linger=1000)
+        strangers.append(s)
+    end = time.monotonic() + 60
+    told = 0
+    for s in strangers:
+        h = recv(s, max(0.0, end - time.monotonic()))
+        told += h is not None and h.get("type") == "RECONNECT"
+        s.close(linger=0)
+    say(told == a.conns, f"each of the {a.conns} strangers on the worker socket is told to RECONNECT ({told} were)")
     # one connection's messages are handled in order: once a STATUS on
     # each flooding connection is answered, all came before it was read
     for s, name in ((bad, "bad"), (stale, "stale"), (junk, "junk")):
