@@ -1323,6 +1323,13 @@ class Client:
                 continue
             except ReelTimeout as e:
                 if not self.liveness or time.monotonic() >= deadline:
+                    n = len(self._eps)
+                    if n > 1 and st["standbys"] >= n:
+                        # the deadline came while a broker was asked: what
+                        # the others answered still says why
+                        raise ReelTimeout(f"no answer from {self.broker} in time: every broker is the standby "
+                                          f"({st['standbys']} answers standby, the last broker asked none in time)",
+                                          e.request_id) from None
                     if st.get("shut_at") is not None:
                         raise ReelTimeout(f"{e.message}; the broker said it was shutting down "
                                           f"{time.monotonic() - st['shut_at']:.1f} s ago and none has answered since "

@@ -1305,6 +1305,57 @@ class NoBrokerTests(unittest.TestCase):
         finally:
             shutil.rmtree(d, ignore_errors=True)
 
+    def test_a_pair_of_standbys_gone_silent_times_out_saying_every_broker_is_the_standby(self):
+        """Two stand-in brokers that answer their first two messages as a
+        pair's standby does (a GEN ERROR standby, a STATUS its reply) and
+        then say nothing: the GEN's deadline comes while one of them is
+        asked, and the timeout still says what the answers said (the C
+        client's message too), not a bare "no answer"."""
+        d = tempfile.mkdtemp(prefix="reel-py-standbys-")
+        ctx = zmq.Context.instance()
+        stop = threading.Event()
+        peers = []
+        for k in "ab":
+            r = ctx.socket(zmq.ROUTER)
+            r.setsockopt(zmq.LINGER, 0)
+            r.bind(f"ipc://{d}/{k}")
+            peers.append(r)
+
+        def serve(r):
+            left = 2
+            while not stop.is_set():
+                if not r.poll(50):
+                    continue
+                f = r.recv_multipart()
+                if left == 0:
+                    continue
+                left -= 1
+                h = msgpack.unpackb(f[1], raw=False)
+                i = h.get("id", 0)
+                if h.get("type") == "STATUS":  # a standby answers STATUS as any broker
+                    a = {"proto": "reel/1", "type": "STATUS_REPLY", "id": i, "workers": [], "queue": 0}
+                else:
+                    a = {"proto": "reel/1", "type": "ERROR", "id": i, "code": "standby",
+                         "message": "standby (a test peer)"}
+                r.send_multipart([f[0], msgpack.packb(a)])
+
+        threads = [threading.Thread(target=serve, args=(r,), daemon=True) for r in peers]
+        for t in threads:
+            t.start()
+        try:
+            with reel.Client(f"ipc://{d}/a,ipc://{d}/b", timeout=3, liveness=0.1) as c:
+                with self.assertRaises(reel.ReelTimeout) as cm:
+                    c.gen("tiny", rand((5, 32), 1), latent_shape=(4, 1, 4, 4), steps=1)
+            self.assertRegex(str(cm.exception), r"every broker is the standby \(\d+ answers standby, "
+                                                 r"the last broker asked none in time\)")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(5)
+            for r in peers:
+                r.close()
+            shutil.rmtree(d, ignore_errors=True)
+
 
 class HangUp:
     """A TCP port that accepts every connection and closes it at once: a
