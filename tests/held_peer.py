@@ -39,20 +39,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from adversarial_peers import FakeBroker, Net, f32, request_hdr, why  # noqa: E402
 from peer_guard import done, guard  # noqa: E402
-from peer_wire import say  # noqa: E402
+from peer_wire import say, vm_hwm_kb  # noqa: E402
 
 ROWS = 8000                  # a context of 8,000 x 32 floats: 1,024,000 bytes kept
 BIG = np.random.default_rng(9).standard_normal((ROWS, 32)).astype(np.float32)
 SMALL = np.random.default_rng(5).standard_normal((5, 32)).astype(np.float32)
 BURST, WINDOW_S = 20, 10     # the log's budget for refusals (base/logbudget.h)
-
-
-def vm_hwm_kb(pid):
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return -1
 
 
 def refusal_lines(path):

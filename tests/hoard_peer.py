@@ -45,7 +45,7 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peer_guard import done, guard  # noqa: E402
-from peer_wire import pack, say  # noqa: E402
+from peer_wire import pack, say, vm_hwm_kb  # noqa: E402
 
 MiB = 1 << 20
 
@@ -60,14 +60,6 @@ def recv(sock, secs):
         return None
     fr = sock.recv_multipart()
     return header(fr), fr
-
-
-def vm_hwm_kb(pid):
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return -1
 
 
 def dealer(ctx, ep, rcvhwm=None):
@@ -115,16 +107,37 @@ def run_fetch(a):
 
     on = a.fetch_on or a.workers
     hoarders = [dealer(ctx, on, rcvhwm=1) for _ in range(a.conns)]
-    for i, h in enumerate(hoarders):
-        for k in range(a.per):
-            h.send_multipart(pack(dict(fetch, id=1000 * (i + 1) + k)))
-
-    # another connection asks for one byte until it is told the bound is
-    # reached (the hoarders' FETCHes were sent first)
+    # another connection asks for one byte after each round of the
+    # hoarders' FETCHes, until it is told the bound is reached: the round
+    # before it fills the bound again whatever the hoarders took into
+    # their own queues meanwhile (each takes one answer off the broker:
+    # after the hoarders' burst alone, a probe on a busy machine found the
+    # bound drained and was served for 30 s)
     probe = dealer(ctx, on)
+    # every connection up first (a one-byte FETCH answered on each): on a
+    # busy machine a connection still in its handshake has its FETCHes
+    # read after the others', all at once
+    for i, s in enumerate(hoarders + [probe]):
+        s.send_multipart(pack(dict(fetch, id=900000 + i, max=1)))
+        m = recv(s, 30)
+        if m is None or m[0].get("type") != "FETCH_DATA":
+            say(False, f"connection {i} is answered a one-byte FETCH ({m[0] if m else 'no answer'})")
+            done(0)
     told, last = None, None
-    end = time.monotonic() + 30
     pid = 1
+    for k in range(a.per):
+        for i, h in enumerate(hoarders):
+            h.send_multipart(pack(dict(fetch, id=1000 * (i + 1) + k)))
+        probe.send_multipart(pack(dict(fetch, id=pid, max=1)))
+        pid += 1
+    for _ in range(pid - 1):
+        m = recv(probe, 10)
+        if m is None:
+            break
+        last = m[0]
+        if told is None and last.get("code") == "busy" and "--max-fetch-mb" in str(last.get("message", "")):
+            told = last
+    end = time.monotonic() + 30
     while told is None and time.monotonic() < end:
         probe.send_multipart(pack(dict(fetch, id=pid, max=1)))
         m = recv(probe, 5)
