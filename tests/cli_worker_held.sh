@@ -4,6 +4,10 @@
 # reel-worker on the CPU backend (tiny config) behind a raw fake broker
 # (tests/held_peer.py) over ipc, with --max-held-mb 8 and a --max-inflight
 # whose 4 x count bound would hold 4 x that:
+#   0. 2,000 ERRORs from the broker write at most 20 "broker says" lines a
+#      10 s window, the rest counted and said once the window is over,
+#      while the refused REQUESTs among them still write theirs (a budget
+#      of their own); the worker still runs a REQUEST afterwards;
 #   1. 128 REQUESTs of 1,024,000 bytes each, sent one at a time: those
 #      that fit the byte bound are held, each later one is answered busy
 #      naming --max-held-mb before its tensors are copied, and the worker's

@@ -24,6 +24,15 @@ handled, so ZeroMQ queues nothing of the next). Checks:
     out are counted and said once their window is over: the lines written
     and those counts add up to every refusal of the run;
   - a valid REQUEST afterwards still gets its RESULT.
+Before the burst, 2,000 ERRORs from the fake broker (a broker that says
+ERROR in a loop), with a refused REQUEST after every 200:
+  - their "broker says: ..." lines are at most 20 a 10 s window (before:
+    one each), and those left out are said once their window is over
+    ("broker ERRORs: N more lines like the ones above were left out"): the
+    lines written and those counts add up to the 2,000;
+  - the 10 refused REQUESTs among them each still write their line (the
+    ERRORs' budget is their own: they do not use up the refusals');
+  - the worker still runs a REQUEST to its RESULT afterwards.
 
 Prints one PASS/FAIL line per check (tests/lib_cli.sh py_checks), exit 0.
 """
@@ -58,6 +67,22 @@ def refusal_lines(path):
             if m:
                 left_out += int(m.group(1))
     return written, left_out
+
+
+def said_lines(path):
+    """The worker's log lines of the broker's ERRORs, the counts of those left out, the lines that say
+    those counts, and all its lines."""
+    written, left_out, sums, lines = 0, 0, 0, 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            lines += 1
+            if "broker says: " in line:
+                written += 1
+            m = re.search(r"broker ERRORs: (\d+) more lines like the ones above were left out", line)
+            if m:
+                left_out += int(m.group(1))
+                sums += 1
+    return written, left_out, sums, lines
 
 
 def main():
@@ -104,6 +129,49 @@ def main():
 
     got = run_to_result(SMALL, 3, 60)
     say(got is not None and got[0]["type"] == "RESULT", f"a small REQUEST runs to its RESULT ({why(got)})")
+
+    # ---- a broker that says ERROR in a loop: the log keeps their budget ----
+    e0, l0, s0, n0 = said_lines(a.log)
+    r0, _ = refusal_lines(a.log)
+    t0 = time.monotonic()
+    n_err, marks, refused = 2000, 0, 0
+    for at in range(0, n_err, 200):  # 200 at a time: within ZeroMQ's queue, none dropped
+        for k in range(at, at + 200):
+            fb.send({"type": "ERROR", "id": 500000 + k, "code": "internal", "message": f"flood {k}"})
+        # refused (steps 0): its line is the refusals' budget's; its answer
+        # says every ERROR before it was handled (one connection keeps order)
+        rid = next(ids)
+        marks += 1
+        fb.send(request_hdr(rid, steps=0), [("context", "F32", SMALL.shape, f32(SMALL))])
+        g = answer(rid, 30)
+        refused += g is not None and g[0].get("code") == "bad_request"
+    refusals += refused
+    took = time.monotonic() - t0
+    e1, _, _, _ = said_lines(a.log)
+    r1, _ = refusal_lines(a.log)
+    most = BURST * (2 + int(took // WINDOW_S))
+    say(refused == marks and e1 - e0 <= most,
+        f"{n_err} ERRORs from the broker in {took:.1f} s wrote {e1 - e0} 'broker says' lines "
+        f"(at most {most}: {BURST} a {WINDOW_S} s window; {refused} of the {marks} REQUESTs among them refused)")
+    say(r1 - r0 == marks, f"the {marks} refused REQUESTs among the ERRORs each wrote their line ({r1 - r0} did): "
+        "the ERRORs' budget is their own")
+    end = time.monotonic() + 3 * WINDOW_S
+    while True:
+        written, left_out, sums, n2 = said_lines(a.log)
+        if written - e0 + left_out - l0 >= n_err or time.monotonic() >= end:
+            break
+        net.pump(0.1)
+    say(left_out > l0 and written - e0 + left_out - l0 == n_err,
+        f"once their window is over the log says how many were left out: {written - e0} lines written + "
+        f"{left_out - l0} counted as left out = {written - e0 + left_out - l0} of {n_err}")
+    # everything the worker wrote meanwhile: those lines (within the bound
+    # above), the refusals' and the summaries
+    grown = most + marks + (sums - s0)
+    say(n2 - n0 <= grown, f"the worker's log grew by {n2 - n0} lines over {n_err} ERRORs (at most {grown}: {most}, "
+        f"{marks} refusals and {sums - s0} summary line{'' if sums - s0 == 1 else 's'})")
+    got = run_to_result(SMALL, 3, 60)
+    say(got is not None and got[0]["type"] == "RESULT",
+        f"after the ERRORs a small REQUEST runs to its RESULT ({why(got)})")
 
     # ---- the burst: far more than the bound, one REQUEST at a time ----
     fit = a.bound_mb * (1 << 20) // BIG.nbytes

@@ -105,9 +105,10 @@ typedef struct {
      * what wrk_job_from_request copied for each), and the most they may
      * (--max-held-mb in bytes; 0: no bound). The main thread's. */
     size_t held_bytes, held_max;
-    /* The log lines of messages refused from the broker: their share of
-     * the log (wrk_log_refused). The main thread's. */
-    reel_log_budget_t refused_log;
+    /* The log lines of messages refused from the broker, and of the
+     * ERRORs it sends: their shares of the log (wrk_log_refused,
+     * wrk_log_said). The main thread's. */
+    reel_log_budget_t refused_log, said_log;
     /* Mixed steps (several requests in one step) run, and the padded rows
      * they computed for nobody (--batch-sizes ladder). */
     _Atomic uint64_t mixed_steps, padded_rows;
@@ -204,13 +205,19 @@ void wrk_log(const wrk_t *w, const char *fmt, ...) __attribute__((format(printf,
  * REEL_LOG_BURST lines a REEL_LOG_WINDOW_MS window (base/logbudget.h);
  * the rest are counted and said in one line ("refused messages: N more
  * lines like the ones above were left out of the log ...") with the first
- * line after the window, or by wrk_log_refused_tick. So a peer that
+ * line after the window, or by wrk_log_budgets_tick. So a peer that
  * floods the worker with messages it refuses cannot fill its disk. The
  * main thread's. Can't fail. */
 void wrk_log_refused(wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Says the lines w->refused_log left out once their window is over,
- * though no refusal came since (a flood that stopped). The main thread's,
- * on its ticks. Can't fail. */
-void wrk_log_refused_tick(wrk_t *w);
+/* As wrk_log_refused, for an ERROR the broker sends ("broker says: ..."),
+ * within a budget of its own, w->said_log ("broker ERRORs: N more lines
+ * ..."): a broker, or anything that reaches the worker's socket as one,
+ * that sends ERRORs in a loop cannot fill the disk, nor use up the
+ * refusals' lines. The main thread's. Can't fail. */
+void wrk_log_said(wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Says the lines w->refused_log and w->said_log left out once their
+ * window is over, though no line of theirs came since (a flood that
+ * stopped). The main thread's, on its ticks. Can't fail. */
+void wrk_log_budgets_tick(wrk_t *w);
 
 #endif

@@ -1,11 +1,13 @@
 /* wrk_log.c -- the worker's one log line format: "reel-worker NAME: msg",
- * and the share of the log the broker's refused messages may write. */
+ * and the shares of the log the broker's refused messages and its ERRORs
+ * may write (one budget each). */
 #include <stdarg.h>
 #include <stdio.h>
 #include "base/clock.h"
 #include "worker/wrk.h"
 
 #define REFUSED_WHO "refused messages"
+#define ERRORS_WHO "broker ERRORs"
 
 static void vlog(const wrk_t *w, const char *fmt, va_list ap) {
     char msg[1024];
@@ -21,23 +23,38 @@ void wrk_log(const wrk_t *w, const char *fmt, ...) {
     va_end(ap);
 }
 
-static void say_left_out(const wrk_t *w, uint64_t n) {
-    wrk_log(w, "%s: %llu more lines like the ones above were left out of the log (at most %d a %d s window)",
-            REFUSED_WHO, (unsigned long long)n, REEL_LOG_BURST, REEL_LOG_WINDOW_MS / 1000);
+static void say_left_out(const wrk_t *w, const char *who, uint64_t n) {
+    wrk_log(w, "%s: %llu more lines like the ones above were left out of the log (at most %d a %d s window)", who,
+            (unsigned long long)n, REEL_LOG_BURST, REEL_LOG_WINDOW_MS / 1000);
+}
+
+static void vlimited(wrk_t *w, reel_log_budget_t *lb, const char *who, const char *fmt, va_list ap) {
+    uint64_t left_out = 0;
+    bool write = reel_log_budget_take(lb, reel_mono_ms(), &left_out);
+    if (left_out) say_left_out(w, who, left_out);
+    if (write) vlog(w, fmt, ap);
 }
 
 void wrk_log_refused(wrk_t *w, const char *fmt, ...) {
-    uint64_t left_out = 0;
-    bool write = reel_log_budget_take(&w->refused_log, reel_mono_ms(), &left_out);
-    if (left_out) say_left_out(w, left_out);
-    if (!write) return;
     va_list ap;
     va_start(ap, fmt);
-    vlog(w, fmt, ap);
+    vlimited(w, &w->refused_log, REFUSED_WHO, fmt, ap);
     va_end(ap);
 }
 
-void wrk_log_refused_tick(wrk_t *w) {
-    uint64_t left_out = reel_log_budget_expired(&w->refused_log, reel_mono_ms());
-    if (left_out) say_left_out(w, left_out);
+void wrk_log_said(wrk_t *w, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vlimited(w, &w->said_log, ERRORS_WHO, fmt, ap);
+    va_end(ap);
+}
+
+static void tick(wrk_t *w, reel_log_budget_t *lb, const char *who) {
+    uint64_t left_out = reel_log_budget_expired(lb, reel_mono_ms());
+    if (left_out) say_left_out(w, who, left_out);
+}
+
+void wrk_log_budgets_tick(wrk_t *w) {
+    tick(w, &w->refused_log, REFUSED_WHO);
+    tick(w, &w->said_log, ERRORS_WHO);
 }

@@ -719,7 +719,7 @@ static int handle_broker(link_t *l) {
         msg_error_t *e = malloc(sizeof *e);
         bool standby = false;
         if (e && msg_error_decode(m, e, &err) == 0) {
-            wrk_log(w, "broker says: %s: %s (id %" PRIu64 ")", e->code, e->message, m->id);
+            wrk_log_said(w, "broker says: %s: %s (id %" PRIu64 ")", e->code, e->message, m->id);
             standby = !strcmp(e->code, WIRE_E_STANDBY);
         }
         free(e);
@@ -809,7 +809,7 @@ static int serve(link_t *l) {
         }
         if (now >= l->next_events) {
             flush_events(l);
-            wrk_log_refused_tick(w); /* a flood that stopped: its lines left out are told */
+            wrk_log_budgets_tick(w); /* a flood that stopped: its lines left out are told */
             l->next_events = now + w->opt->events_ms;
         }
         publish_metrics(l, now, silent_ms);
