@@ -267,6 +267,9 @@ typedef struct brk_barrier {
                                 * again (brk_sync.c): workers that register join it, and it
                                 * waits for them until hold_until_ms */
     int64_t hold_until_ms;
+    bool resend_only;          /* a resend of the current version that retried no worker and is not
+                                * held (nobody lags): the lines of its end come out of
+                                * b->resend_log, as the resend's own did */
     brk_resends_t resent;      /* its resends while it runs and its version is not current */
     struct brk_barrier *next;
 } brk_barrier_t;
@@ -384,6 +387,8 @@ typedef struct {
     reel_log_budget_t orphan_log;    /* those losses' share of the log */
     brk_log_kinds_t refused_log;     /* peers' refused messages, by kind: their share of the log
                                       * (brk_log_kind; the loop's timers sum up what was left out) */
+    reel_log_budget_t resend_log;    /* trainers' SYNC resends (BRK_SYNC_RESENDS, brk_sync.c): no
+                                      * refusals, but a trainer resending in a loop is as many lines */
 } brk_t;
 
 /* Notes route.applying of every worker: the newest transformer version of

@@ -359,6 +359,7 @@ static void log_summaries(brk_t *b) {
     brk_log_kinds_summary(&b->refused_log);
     brk_log_summary(&b->ready_log, "READY");
     brk_log_summary(&b->orphan_log, "EVENTS");
+    brk_log_summary(&b->resend_log, BRK_SYNC_RESENDS);
     for (int i = 0; i < b->n_w; i++) brk_log_summary(&b->w[i]->log, b->w[i]->route.name);
 }
 

@@ -499,9 +499,15 @@ static void send_done(brk_t *b, const brk_barrier_t *s, bool complete) {
     /* "current" tells the trainer whether its version took effect at all
      * (it is this version, or a newer one, once some worker applied it). */
     d.current = brk_current_version(b, s->component);
-    for (int t = 0; t < s->n_trainers; t++)
-        if (!applied || !failed || brk_client_send_ident(b, &s->trainers[t].ident, MSG_SYNC_DONE, s->trainers[t].id, &d) < 0)
+    for (int t = 0; t < s->n_trainers; t++) {
+        const brk_trainer_t *to = &s->trainers[t];
+        if (applied && failed && brk_client_send_ident(b, &to->ident, MSG_SYNC_DONE, to->id, &d) == 0) continue;
+        if (s->resend_only) /* (a trainer that resends in a loop and never reads: one each) */
+            brk_log_limited(&b->resend_log, BRK_SYNC_RESENDS, "sync %s v%llu: SYNC_DONE not delivered", s->component,
+                            (unsigned long long)s->version);
+        else
             brk_log("sync %s v%llu: SYNC_DONE not delivered", s->component, (unsigned long long)s->version);
+    }
     free(applied);
     free(failed);
 }
@@ -566,8 +572,12 @@ static void finish(brk_t *b, brk_barrier_t *s) {
     bool complete = failed == 0 && s->n > 0;
     send_done(b, s, complete);
     brk_metrics_sync(&b->metrics, complete, applied > 0, (double)(brk_now_ms() - s->accepted_ms) / 1000.0);
-    brk_log("sync %s v%llu %s (applied %s; failed %s)", s->component, (unsigned long long)s->version,
-            complete ? "complete" : applied ? "incomplete" : "failed", a, f);
+    const char *how = complete ? "complete" : applied ? "incomplete" : "failed";
+    if (s->resend_only)
+        brk_log_limited(&b->resend_log, BRK_SYNC_RESENDS, "sync %s v%llu %s (applied %s; failed %s)", s->component,
+                        (unsigned long long)s->version, how, a, f);
+    else
+        brk_log("sync %s v%llu %s (applied %s; failed %s)", s->component, (unsigned long long)s->version, how, a, f);
     free(s->trainers);
     free(s->m);
     free(s);
@@ -815,8 +825,8 @@ static void on_resend(brk_t *b, const zmq_msg_t *from, uint64_t id, brk_barrier_
         running->trainers = t;
         t[running->n_trainers].ident = who;
         t[running->n_trainers++].id = id;
-        brk_log("sync %s v%llu resent while its barrier runs: answered with it", running->component,
-                (unsigned long long)running->version);
+        brk_log_limited(&b->resend_log, BRK_SYNC_RESENDS, "sync %s v%llu resent while its barrier runs: answered "
+                        "with it", running->component, (unsigned long long)running->version);
         return;
     }
     brk_barrier_t *s = barrier_new(b, cur->component, cur->version, cur->sha256, from, id, deadline);
@@ -834,9 +844,13 @@ static void on_resend(brk_t *b, const zmq_msg_t *from, uint64_t id, brk_barrier_
     if (s->n > 1) qsort(s->m, (size_t)s->n, sizeof *s->m, cmp_member);
     s->next = b->barriers;
     b->barriers = s;
-    brk_log("sync %s v%llu resent (current): %d lagging worker%s retried", s->component,
-            (unsigned long long)s->version, retried, retried == 1 ? "" : "s");
+    brk_log_limited(&b->resend_log, BRK_SYNC_RESENDS, "sync %s v%llu resent (current): %d lagging worker%s retried",
+                    s->component, (unsigned long long)s->version, retried, retried == 1 ? "" : "s");
     maybe_hold(b, s);
+    /* Nobody lags: it ends at once, complete, and a trainer that resends
+     * in a loop gets a SYNC_DONE each (the protocol), but its lines come
+     * out of the resends' budget. */
+    s->resend_only = retried == 0 && !s->hold;
     settle_barriers(b);
 }
 

@@ -12,6 +12,15 @@
  * (about 24.8 days; as GEN deadlines). */
 #define BRK_SYNC_DEADLINE_MAX_MS ((uint64_t)INT32_MAX)
 
+/* The kind of the log lines a trainer's resends of a SYNC write (b->
+ * resend_log): "sync C vN resent ...", and, for the current version
+ * when nobody lags, its barrier's end ("complete", "SYNC_DONE not
+ * delivered"): at most REEL_LOG_BURST a REEL_LOG_WINDOW_MS window, the
+ * rest counted ("SYNC resends: N more lines like the ones above ...").
+ * The lines of a resend that retries a lagging worker (its sends, its
+ * barrier's end) are not limited: each is a retry. */
+#define BRK_SYNC_RESENDS "SYNC resends"
+
 /* A SYNC from a trainer at `from` (the sender brk_zap_sender names) with
  * id, decoded and validated (a path, no inline tensors). Answers the
  * trainer itself: SYNC_DONE when its barrier ends, ERROR (stale_version,

@@ -1,17 +1,22 @@
 """bounds_peer.py -- raw peers that ask the broker for work it must bound,
 for tests/cli_peer_bounds.sh.
 
-    bounds_peer.py resend --clients EP --workers EP --weights FILE --weights3 FILE [--n 500]
+    bounds_peer.py resend --clients EP --workers EP --weights FILE --weights3 FILE --log BROKER_LOG
+                          [--n 500] [--current 2000]
 
 `resend`: a fake worker registers (READY) and never acks until told; a
 trainer sends SYNC v2 (by path) and, while its barrier waits on that
 worker, sends the very same SYNC (same connection, same id) again --n
 times; then the worker acks, the trainer gets its SYNC_DONE, and resends
-v2 --n times more now that it is current (each answered SYNC_DONE at once:
-nothing lags); then v3 is synced and applied, so v2 stops being current.
-The audit rows are counted by the shell (the catalog's writer stores them
-after the answers). Checks: every message is answered as the protocol
-says.
+v2 --current times now that it is current (each answered SYNC_DONE at
+once: nothing lags); then v3 is synced and applied, so v2 stops being
+current. The audit rows are counted by the shell (the catalog's writer
+stores them after the answers). Checks: every message is answered as the
+protocol says; the current version's resends write at most 20 log lines
+a 10 s window (before: 2 each, "resent (current)" and "complete"), and
+once the window is over "SYNC resends: N more lines like the ones above
+were left out" says the rest: the lines written and those counts add up
+to 2 a resend.
 
     bounds_peer.py flood --clients EP --workers EP --log BROKER_LOG [--n 2000] [--conns 300]
 
@@ -28,6 +33,7 @@ Prints one PASS/FAIL line per check (tests/lib_cli.sh py_checks), exit 0.
 import argparse
 import hashlib
 import os
+import re
 import sys
 import time
 
@@ -106,6 +112,25 @@ def until_answer(sock, rid, secs, beat=None):
     return None
 
 
+BURST, WINDOW_S = 20, 10     # a log budget (base/logbudget.h)
+
+
+def resend_lines(path):
+    """The broker's log: its lines, the lines of v2's resends once current, their counts left out and the
+    lines that say those counts."""
+    lines, written, left_out, sums = 0, 0, 0, 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            lines += 1
+            if re.search(r"sync transformer v2 (resent \(current\)|complete \(applied fw; failed -\))", line):
+                written += 1
+            m = re.search(r"SYNC resends: (\d+) more lines like the ones above were left out", line)
+            if m:
+                left_out += int(m.group(1))
+                sums += 1
+    return lines, written, left_out, sums
+
+
 def run_resend(a):
     ctx = zmq.Context.instance()
     fw = FakeWorker(ctx, a.workers, "fw")
@@ -148,18 +173,44 @@ def run_resend(a):
     say(d is not None and d.get("type") == "SYNC_DONE" and d.get("complete") is True,
         f"once the worker acks, the trainer's one SYNC_DONE comes, complete ({d})")
 
+    # (a STATUS answered: the lines of v2's barrier are all written)
+    status(rid)
+    rid += 1
+    n0, w0, l0, s0 = resend_lines(a.log)
+    t0 = time.monotonic()
     answered = 0
-    for k in range(a.n):
+    for k in range(a.current):
         trainer.send_multipart(pack(dict(sync, id=10000 + k)))
-        if k % 50 == 49 or k == a.n - 1:
+        if k % 50 == 49 or k == a.current - 1:
             # a few in flight at a time: the trainer's queue never fills
             while answered <= k:
                 h = until_answer(trainer, 10000 + answered, 30, beat)
                 if h is None or h.get("type") != "SYNC_DONE" or h.get("complete") is not True:
                     break
                 answered += 1
-    say(answered == a.n, f"{a.n} resends of v2 once current: each answered SYNC_DONE complete at once "
+    took = time.monotonic() - t0
+    say(answered == a.current, f"{a.current} resends of v2 once current: each answered SYNC_DONE complete at once "
         f"({answered} were)")
+    _, w1, _, _ = resend_lines(a.log)
+    most = BURST * (2 + int(took // WINDOW_S))
+    say(w1 - w0 <= most, f"they wrote {w1 - w0} lines of resends in {took:.1f} s (at most {most}: {BURST} a "
+        f"{WINDOW_S} s window)")
+    # the lines left out are said once their window is over (the broker's
+    # timers): with those written, 2 a resend
+    end = time.monotonic() + 3 * WINDOW_S
+    while True:
+        n2, w2, l2, s2 = resend_lines(a.log)
+        if w2 - w0 + l2 - l0 >= 2 * a.current or time.monotonic() >= end:
+            break
+        fw.wait(lambda h: False, 0.1)
+    say(l2 > l0 and w2 - w0 + l2 - l0 == 2 * a.current,
+        f"once their window is over the log says how many were left out: {w2 - w0} lines written + {l2 - l0} "
+        f"counted as left out = {w2 - w0 + l2 - l0} of {2 * a.current}")
+    # everything the broker wrote meanwhile: those lines (within the
+    # bound above), the first resend's audit line and the summaries
+    grown = most + 1 + (s2 - s0)
+    say(n2 - n0 <= grown, f"the broker's log grew by {n2 - n0} lines over {a.current} resends (at most {grown}: "
+        f"{most}, the first resend's audit line and {s2 - s0} summary line{'' if s2 - s0 == 1 else 's'})")
 
     sync3 = dict(sync, id=3, version=3, sha256=sha_file(a.weights3), path=os.path.abspath(a.weights3))
     trainer.send_multipart(pack(sync3))
@@ -250,7 +301,9 @@ def main():
     r.add_argument("--workers", required=True)
     r.add_argument("--weights", required=True)
     r.add_argument("--weights3", required=True)
+    r.add_argument("--log", required=True)
     r.add_argument("--n", type=int, default=500)
+    r.add_argument("--current", type=int, default=2000)
     f = sub.add_parser("flood")
     f.add_argument("--clients", required=True)
     f.add_argument("--workers", required=True)

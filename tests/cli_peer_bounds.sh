@@ -3,10 +3,13 @@
 # stays bounded, whatever their number. A real reel-broker over ipc;
 # tests/bounds_peer.py plays the peers:
 #   1. a trainer resends one SYNC 500 times while its barrier waits on a
-#      (fake) worker that has not acked, and 500 times more once it is
+#      (fake) worker that has not acked, and 2,000 times more once it is
 #      current: the catalog's audit trail gets the SYNC's row, one
 #      "resend" row per phase and one row per phase saying how many more
-#      came ("resend: 500 more while ..."), not a row per resend;
+#      came ("resend: 499 more while ..."), not a row per resend; the
+#      current version's resends, each answered SYNC_DONE, write at most
+#      20 log lines a 10 s window and one "SYNC resends: N more lines like
+#      the ones above" line once it is over (before: 2 lines each);
 #   2. peers that never read send 2,000 each of refused messages (SYNCs
 #      refused for their fields or by the sync module, junk, unknown
 #      types), 3,000 STATUS whose answers pile up, and 300 strangers one RESULT
@@ -34,17 +37,19 @@ DB="$D/reel.db"
 cli_broker "$D/broker.log" --clients "ipc://$D/c" --workers "ipc://$D/w" --catalog "$DB" --heartbeat-ms 500 ||
     { bad "broker starts"; finish; }
 N=500
+NC=2000
 timeout -k 5 220 $PY "$T/bounds_peer.py" resend --clients "ipc://$D/c" --workers "ipc://$D/w" \
-    --weights "$D/w2.safetensors" --weights3 "$D/w3.safetensors" --n $N >"$D/resend.out" 2>&1
+    --weights "$D/w2.safetensors" --weights3 "$D/w3.safetensors" --log "$D/broker.log" --n $N --current $NC \
+    >"$D/resend.out" 2>&1
 py_checks "$D/resend.out" $?
 # The last row v2 gets is written when v3 replaces it as current (after
 # v3's own "accepted" row): wait for it, then count them all.
 if wait_sql "$DB" "select count(*) from audit where version = 2 and outcome like 'resend: % more while it was current'" 1 60 &&
     wait_sql "$DB" "select count(*) from audit where version = 3 and outcome = 'accepted'" 1 60; then
     rows=$(/usr/bin/sqlite3 "$DB" "select outcome from audit where version = 2 order by id" | tr '\n' '|')
-    want="accepted|resend|resend: $((N - 1)) more while its barrier ran|resend|resend: $((N - 1)) more while it was current|"
+    want="accepted|resend|resend: $((N - 1)) more while its barrier ran|resend|resend: $((NC - 1)) more while it was current|"
     [ "$rows" = "$want" ] &&
-        ok "$((2 * N + 1)) SYNCs of v2 (the first, $N resends pending, $N current): 5 audit rows that count them" ||
+        ok "$((N + NC + 1)) SYNCs of v2 (the first, $N resends pending, $NC current): 5 audit rows that count them" ||
         bad "audit rows of v2: '$rows', wanted '$want'"
 else
     bad "the resends' summary rows were not written"
