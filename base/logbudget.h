@@ -2,9 +2,9 @@
  * lines a REEL_LOG_WINDOW_MS window; the lines past it are counted, and
  * the count is said once the window is over. So a peer that floods a
  * daemon with messages it refuses, or repeats, cannot fill its disk (the
- * broker's workers, READYs, refusals by kind and SYNC resends:
- * broker/brk_log.h; the worker's refused REQUESTs and the broker's
- * ERRORs: worker/wrk.h).
+ * broker's workers and their READYs again, READYs, refusals by kind,
+ * SYNC resends, GEN resends and requests' ends: broker/brk_log.h; the
+ * worker's refused REQUESTs and the broker's ERRORs: worker/wrk.h).
  * Pure: the caller passes the time and writes the lines; one budget is
  * one thread's. */
 #ifndef REEL_BASE_LOGBUDGET_H

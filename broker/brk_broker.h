@@ -106,8 +106,20 @@ typedef struct brk_worker {
     msg_model_t configs[BRK_MAX_MODELS]; /* what READY said of its models */
     int n_configs;
     char key[41];              /* its CURVE public key (z85); "" without keys (brk_zap.h) */
-    reel_log_budget_t log;     /* what its faulty messages may write to the log (brk_log_limited) */
+    reel_log_budget_t log;     /* what its faulty messages, and what it can repeat (acks, catch-up
+                                * SYNCs and PREWARMs its READYs again ask, its toggles between
+                                * unreachable and reachable again) may write to the log
+                                * (brk_log_limited; summed up as "NAME: N more lines ...") */
+    reel_log_budget_t again_log; /* its READYs again (restarts): "lost (restarted)" and "ready"
+                                * ("NAME READYs again: N more lines ..."); apart, so its faults
+                                * leave a restart its lines. Both are kept across a READY again */
 } brk_worker_t;
+
+/* A worker's shares of the log, handed from a registration to the one
+ * its READY again makes. */
+typedef struct {
+    reel_log_budget_t log, again_log;
+} brk_worker_shares_t;
 
 /* Whether a sample of `latent` [C,F,H,W] of `model` fits w's
  * --max-tokens (READY max_tokens): F x H/p x W/p with the patch p of w's
@@ -376,7 +388,8 @@ typedef struct {
     brk_req_t *req_pool[BRK_REQ_POOL]; /* freed request structs (brk_req_new) */
     int n_req_pool;
     brk_metrics_t metrics;           /* live counters, and the --metrics server (brk_metrics.h) */
-    reel_log_budget_t ready_log;     /* READY refusals and restarts: their share of the log (brk_log_limited) */
+    reel_log_budget_t ready_log;     /* READY refusals: their share of the log (brk_log_limited; a
+                                      * restart's lines are the worker's own, w->again_log) */
     /* EVENTS from worker connections not registered yet, kept until their
      * READY (brk_workers.c, "EVENTS before READY"); oldest first */
     struct brk_orphan *orphans;
@@ -389,6 +402,9 @@ typedef struct {
                                       * (brk_log_kind; the loop's timers sum up what was left out) */
     reel_log_budget_t resend_log;    /* trainers' SYNC resends (BRK_SYNC_RESENDS, brk_sync.c): no
                                       * refusals, but a trainer resending in a loop is as many lines */
+    brk_log_kinds_t request_log;     /* clients' requests, by kind (BRK_GEN_RESENDS, BRK_REQUEST_ENDS:
+                                      * brk_requests.h): each line is a GEN or CANCEL's, and a client
+                                      * sends them in a loop as cheaply as refused ones */
 } brk_t;
 
 /* Notes route.applying of every worker: the newest transformer version of

@@ -49,6 +49,11 @@ void brk_log_summary(reel_log_budget_t *lb, const char *who) {
     if (left_out) say_left_out(who, left_out);
 }
 
+void brk_log_flush(reel_log_budget_t *lb, const char *who) {
+    if (lb->suppressed) say_left_out(who, lb->suppressed);
+    *lb = (reel_log_budget_t){ 0 };
+}
+
 void brk_log_kind(brk_log_kinds_t *t, const char *kind, const char *fmt, ...) {
     int i = 0;
     while (i < t->n && strcmp(t->kind[i], kind)) i++;

@@ -22,6 +22,9 @@ void brk_log_limited(reel_log_budget_t *lb, const char *who, const char *fmt, ..
  * timers call it, so a flood that stops is still summed up), and a new
  * window. Can't fail. */
 void brk_log_summary(reel_log_budget_t *lb, const char *who);
+/* As brk_log_summary, whether or not lb's window has ended: for a budget
+ * about to go (a worker dropped), whose count would be lost. Can't fail. */
+void brk_log_flush(reel_log_budget_t *lb, const char *who);
 
 /* The lines peers' refused messages write, by kind (a literal naming
  * the refusal: "SYNC refused", "answer not held", ...): each kind has its

@@ -160,15 +160,22 @@ static void on_ready(brk_t *b, brk_worker_t *old, wire_msg_t *m, msg_ready_t *r)
             brk_error_from(b, true, &m->identity, m->id, reel_err(), "READY: "); /* invalid: bad_request */
         return;
     }
-    reel_log_budget_t kept = { 0 };
+    brk_worker_shares_t kept = { { 0 }, { 0 } };
+    const bool again = old != NULL;
     if (old) {
-        kept = old->log; /* a READY again does not buy a fresh share of the log */
+        /* A READY again does not buy fresh shares of the log, and its
+         * lines come out of them: this loss and "ready" out of its READYs
+         * again's, the PREWARM or catch-up SYNC it asks out of its own. A
+         * worker that sent READY in a loop wrote three lines for each. */
+        char who[BRK_NAME_MAX + 16];
         old->dead = true;
         old->dead_why = "restarted";
+        brk_log_limited(&old->again_log, brk_workers_again_who(old, who, sizeof who), "worker %s lost (restarted)",
+                        old->route.name);
+        kept = (brk_worker_shares_t){ old->log, old->again_log };
         brk_reap(b);
     }
-    brk_worker_t *w = brk_workers_add(b, &m->identity, r);
-    if (w) w->log = kept;
+    brk_worker_t *w = brk_workers_add(b, &m->identity, r, again ? &kept : NULL);
     if (!w) {
         brk_log("out of memory registering worker %s", r->name);
         brk_error_to(b, true, &m->identity, m->id, WIRE_E_INTERNAL, "READY: broker out of memory");
@@ -357,10 +364,11 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * only with the next line of their kind (which may never come). */
 static void log_summaries(brk_t *b) {
     brk_log_kinds_summary(&b->refused_log);
+    brk_log_kinds_summary(&b->request_log);
     brk_log_summary(&b->ready_log, "READY");
     brk_log_summary(&b->orphan_log, "EVENTS");
     brk_log_summary(&b->resend_log, BRK_SYNC_RESENDS);
-    for (int i = 0; i < b->n_w; i++) brk_log_summary(&b->w[i]->log, b->w[i]->route.name);
+    brk_workers_log_summaries(b);
 }
 
 int brk_run(brk_t *b, volatile sig_atomic_t *stop) {

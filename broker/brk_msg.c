@@ -153,7 +153,10 @@ brk_worker_t *brk_worker_named(brk_t *b, const char *name) {
 void brk_worker_unreachable(brk_worker_t *w, const char *what) {
     if (!w->route.routable) return;
     w->route.routable = false;
-    brk_log("worker %s unreachable (%s send failed: %s)", w->route.name, what, zmq_strerror(errno));
+    /* (within w's share: a worker that never reads, and speaks, is
+     * reachable again and unreachable at each of its messages) */
+    brk_log_limited(&w->log, w->route.name, "worker %s unreachable (%s send failed: %s)", w->route.name, what,
+                    zmq_strerror(errno));
 }
 
 /* What a failed send to w means (see brk_worker_send). Returns -1. */

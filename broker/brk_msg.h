@@ -67,7 +67,7 @@ int brk_worker_send(brk_t *b, brk_worker_t *w, msg_type_t type, uint64_t id, con
 int brk_worker_forward(brk_t *b, brk_worker_t *w, const wire_msg_t *m, msg_type_t type, uint64_t id,
                        const msg_set_t *set, int n_set);
 /* Marks w unroutable (it stays registered until it speaks again or
- * expires). */
+ * expires), logged within w's share of the log (w->log). */
 void brk_worker_unreachable(brk_worker_t *w, const char *what);
 
 #endif

@@ -480,8 +480,10 @@ static bool resent(brk_t *b, const wire_msg_t *m, const msg_gen_t *g) {
         zmq_msg_close(&to);
     }
     b->resends++;
-    brk_log("GEN %" PRIu64 " of client %016" PRIx64 " resent while request %" PRIu64 " %s: its answer goes to the "
-            "resend", m->id, g->client, r->id, r->state == REQ_QUEUED ? "waits" : "runs");
+    /* (a client resending in a loop: within its kind's budget) */
+    brk_log_kind(&b->request_log, BRK_GEN_RESENDS,
+                 "GEN %" PRIu64 " of client %016" PRIx64 " resent while request %" PRIu64 " %s: its answer goes to the "
+                 "resend", m->id, g->client, r->id, r->state == REQ_QUEUED ? "waits" : "runs");
     return true;
 }
 
@@ -592,9 +594,10 @@ void brk_req_accept(brk_t *b, wire_msg_t **mp, const msg_gen_t *g, uint64_t curr
      * --queue-max, and then one place given up would not make room) */
     brk_req_t *v = brk_queue_len(&b->queue) == b->queue.max ? make_way(b, r, &had, &mine) : NULL;
     if (v) {
-        brk_log("request %llu gives its place in the full queue (%zu waiting) to request %llu: its sender has "
-                "%u waiting, the newcomer's %u",
-                (unsigned long long)v->id, b->queue.max, (unsigned long long)r->id, had, mine);
+        brk_log_kind(&b->request_log, BRK_REQUEST_ENDS,
+                     "request %llu gives its place in the full queue (%zu waiting) to request %llu: its sender has "
+                     "%u waiting, the newcomer's %u",
+                     (unsigned long long)v->id, b->queue.max, (unsigned long long)r->id, had, mine);
         send_busy(b, CLIENT(v), v->client_id,
                   "queue full (%zu requests waiting): this request, the newest of the client with the most "
                   "waiting (%u), gave its place to a request of a client with fewer (%u)",
@@ -626,8 +629,9 @@ static brk_req_t *held_by(brk_t *b, brk_worker_t *w, uint64_t id, msg_type_t typ
 static bool settle_slot(brk_t *b, brk_worker_t *w, brk_req_t *r, msg_type_t type) {
     w->route.inflight--;
     if (r->state != REQ_ABANDONED) return true;
-    brk_log("late %s for request %llu from %s discarded (client already answered)", msg_type_name(type),
-            (unsigned long long)r->id, w->route.name);
+    brk_log_kind(&b->request_log, BRK_REQUEST_ENDS,
+                 "late %s for request %llu from %s discarded (client already answered)", msg_type_name(type),
+                 (unsigned long long)r->id, w->route.name);
     req_free(b, r);
     return false;
 }
@@ -768,8 +772,9 @@ static void req_lost(brk_t *b, brk_req_t *r, const char *worker) {
     r->worker = NULL;
     r->progress_at = r->progress_of = 0;
     if (r->losses++ >= 1) {
-        brk_log("request %llu failed: worker_lost (%s was the second worker to die with it)",
-                (unsigned long long)r->id, worker);
+        brk_log_kind(&b->request_log, BRK_REQUEST_ENDS,
+                     "request %llu failed: worker_lost (%s was the second worker to die with it)",
+                     (unsigned long long)r->id, worker);
         char why[160];
         snprintf(why, sizeof why, "worker %s died with the request (second loss)", worker);
         brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_WORKER_LOST, "%s", why);
@@ -785,7 +790,8 @@ static void req_lost(brk_t *b, brk_req_t *r, const char *worker) {
         req_free(b, r);
         return;
     }
-    brk_log("request %llu requeued after losing %s", (unsigned long long)r->id, worker);
+    brk_log_kind(&b->request_log, BRK_REQUEST_ENDS, "request %llu requeued after losing %s",
+                 (unsigned long long)r->id, worker);
     b->metrics.requeues++;
 }
 
@@ -833,15 +839,16 @@ void brk_req_cancel(brk_t *b, const wire_msg_t *m, const msg_cancel_t *c) {
     record_failure(b, r, queued ? NULL : r->worker->route.name, WIRE_E_CANCELLED, why);
     b->cancels++;
     if (queued) {
-        brk_log("request %llu cancelled by its client while queued", (unsigned long long)r->id);
+        brk_log_kind(&b->request_log, BRK_REQUEST_ENDS, "request %llu cancelled by its client while queued",
+                     (unsigned long long)r->id);
         queue_drop(b, r);
         req_free(b, r);
         return;
     }
     /* Running: the worker drops it before its next step and answers; that
      * late answer frees the slot, as a timed-out request's does. */
-    brk_log("request %llu cancelled by its client while running on %s", (unsigned long long)r->id,
-            r->worker->route.name);
+    brk_log_kind(&b->request_log, BRK_REQUEST_ENDS, "request %llu cancelled by its client while running on %s",
+                 (unsigned long long)r->id, r->worker->route.name);
     msg_cancel_t none = { 0 };
     if (brk_worker_send(b, r->worker, MSG_CANCEL, r->id, &none, NULL) != 0) brk_undelivered(b, "CANCEL");
     client_unlink(b, r);
@@ -863,8 +870,9 @@ void brk_req_timers(brk_t *b, int64_t now) {
         if (r->state == REQ_ABANDONED) {
             /* Its worker never answered, even late (a lost reply): free the
              * slot so the worker's capacity does not leak away. */
-            brk_log("request %llu: no late answer from %s by %d ms past its deadline; its slot is freed",
-                    (unsigned long long)r->id, r->worker->route.name, ABANDON_GRACE_MS);
+            brk_log_kind(&b->request_log, BRK_REQUEST_ENDS,
+                         "request %llu: no late answer from %s by %d ms past its deadline; its slot is freed",
+                         (unsigned long long)r->id, r->worker->route.name, ABANDON_GRACE_MS);
             r->worker->route.inflight--;
             req_free(b, r);
             brk_pump(b);
@@ -887,8 +895,8 @@ void brk_req_timers(brk_t *b, int64_t now) {
                      text ? " with a text encoder (for the 'prompt')" : "",
                      vae ? " with a VAE (for output frames or video)" : "", waited);
             brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_NO_WORKER, "%s", why);
-            brk_log("request %llu failed: no_worker (model %s, version %llu)",
-                    (unsigned long long)r->id, r->model, (unsigned long long)r->required);
+            brk_log_kind(&b->request_log, BRK_REQUEST_ENDS, "request %llu failed: no_worker (model %s, version %llu)",
+                         (unsigned long long)r->id, r->model, (unsigned long long)r->required);
         } else {
             /* the deadline as given, and the time it took the loop to see it
              * pass; the broker knows it sent a request, not whether its
@@ -900,9 +908,9 @@ void brk_req_timers(brk_t *b, int64_t now) {
             snprintf(why, sizeof why, "no result within its deadline of %lld ms (%s; failed after %lld ms)",
                      (long long)(r->deadline_ms - r->accepted_ms), where, waited);
             brk_error_to(b, false, CLIENT(r), r->client_id, WIRE_E_TIMEOUT, "%s", why);
-            brk_log("request %llu failed: timeout (%s%s)", (unsigned long long)r->id,
-                    r->state == REQ_QUEUED ? "queued" : "running on ",
-                    r->state == REQ_QUEUED ? "" : r->worker->route.name);
+            brk_log_kind(&b->request_log, BRK_REQUEST_ENDS, "request %llu failed: timeout (%s%s)",
+                         (unsigned long long)r->id, r->state == REQ_QUEUED ? "queued" : "running on ",
+                         r->state == REQ_QUEUED ? "" : r->worker->route.name);
         }
         record_failure(b, r, r->worker ? r->worker->route.name : NULL,
                        r->had_owner ? WIRE_E_TIMEOUT : WIRE_E_NO_WORKER, why);

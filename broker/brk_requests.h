@@ -7,6 +7,22 @@
 
 #include "broker/brk_broker.h"
 
+/* The kinds of the lines clients' requests write (b->request_log,
+ * brk_log_kind): at most REEL_LOG_BURST of each a REEL_LOG_WINDOW_MS
+ * window, the rest counted ("KIND: N more lines like the ones above ...",
+ * said by the loop's timers once the window ends). A client that resends
+ * a live GEN, or sends GENs it cancels or lets expire, in a loop wrote a
+ * line for each one. Each is still answered as docs/PROTOCOL.md says, and
+ * what ended a request is in the catalog and the metrics whatever the log
+ * left out.
+ * BRK_GEN_RESENDS: "GEN N of client C resent while request R runs".
+ * BRK_REQUEST_ENDS: a request's end or loss: cancelled (queued, or
+ * running, and then its worker's late answer discarded), failed no_worker
+ * or timeout, its place in a full queue given up, requeued or failed
+ * worker_lost when its worker dies, its slot freed without a late answer. */
+#define BRK_GEN_RESENDS "GEN resends"
+#define BRK_REQUEST_ENDS "request ends"
+
 /* A GEN from a client, g decoded and validated (it points into *mp).
  * current: the transformer version a GEN without "version" needs. Takes
  * ownership of *mp when it keeps the request (sets *mp = NULL); answers

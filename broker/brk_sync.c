@@ -238,7 +238,10 @@ static int sync_send(brk_t *b, brk_worker_t *w, uint64_t sync_id, const msg_sync
         ws->sent_id = sync_id;
         ws->waiting = true;
     }
-    brk_log("sync %s v%llu sent to %s", s->component, (unsigned long long)s->version, w->route.name);
+    /* (within w's share: its READY again, or its word after it was
+     * unreachable, sends it a catch-up or a barrier's SYNC again) */
+    brk_log_limited(&w->log, w->route.name, "sync %s v%llu sent to %s", s->component, (unsigned long long)s->version,
+                    w->route.name);
     return 0;
 }
 
@@ -301,8 +304,8 @@ static brk_member_t *member(brk_barrier_t *s, const char *worker);
 static void member_failed(brk_t *b, brk_barrier_t *s, brk_member_t *mb, const char *reason);
 static bool runs_already(const brk_t *b, const brk_barrier_t *s, const brk_worker_t *w);
 static void settle_barriers(brk_t *b);
-static void undelivered(const brk_barrier_t *s, brk_member_t *mb, const char *when);
-static void not_sent(brk_t *b, brk_barrier_t *s, brk_member_t *mb, const brk_worker_t *w, int e, const char *when);
+static void undelivered(brk_worker_t *w, const brk_barrier_t *s, brk_member_t *mb, const char *when);
+static void not_sent(brk_t *b, brk_barrier_t *s, brk_member_t *mb, brk_worker_t *w, int e, const char *when);
 
 /* A LoRA adapter's base in the catalog, and the config of one sent by
  * upload (its SYNC is made again from them after a restart). */
@@ -400,9 +403,9 @@ static void resend_waiting(brk_t *b, brk_worker_t *w, bool all) {
             not_sent(b, s, mb, w, errno, all ? "after it registered again" : "after it spoke again");
         } else {
             mb->undelivered = false;
-            brk_log("sync %s v%llu sent again to %s: it %s before answering", s->component,
-                    (unsigned long long)s->version, w->route.name,
-                    all ? "registered again" : "was unreachable when the sync was sent");
+            brk_log_limited(&w->log, w->route.name, "sync %s v%llu sent again to %s: it %s before answering",
+                            s->component, (unsigned long long)s->version, w->route.name,
+                            all ? "registered again" : "was unreachable when the sync was sent");
         }
     }
 }
@@ -727,10 +730,12 @@ static void add_member(brk_t *b, brk_barrier_t *s, brk_worker_t *w, uint64_t syn
  * (resend_waiting) rather than failing now: a worker between two broker
  * sessions (its connection gone while it registers again) did not refuse
  * anything. The deadline, or the worker's loss, ends the wait. */
-static void undelivered(const brk_barrier_t *s, brk_member_t *mb, const char *when) {
+static void undelivered(brk_worker_t *w, const brk_barrier_t *s, brk_member_t *mb, const char *when) {
     mb->undelivered = true;
-    brk_log("sync %s v%llu: SYNC not delivered to %s %s (unreachable): waiting for it to register or speak "
-            "again, until the deadline", s->component, (unsigned long long)s->version, mb->worker, when);
+    /* (within w's share: each time it speaks while its queue stays full) */
+    brk_log_limited(&w->log, w->route.name,
+                    "sync %s v%llu: SYNC not delivered to %s %s (unreachable): waiting for it to register or speak "
+                    "again, until the deadline", s->component, (unsigned long long)s->version, mb->worker, when);
 }
 
 /* Writes the reason of a member whose SYNC could not be sent for errno e. */
@@ -745,9 +750,9 @@ static void not_sent_reason(char *buf, size_t len, int e) {
  * routable then, so nothing would send it again, and failing it only at
  * the deadline, "not delivered: the worker did not register again",
  * would name the wrong cause. The caller settles the barrier. */
-static void not_sent(brk_t *b, brk_barrier_t *s, brk_member_t *mb, const brk_worker_t *w, int e, const char *when) {
+static void not_sent(brk_t *b, brk_barrier_t *s, brk_member_t *mb, brk_worker_t *w, int e, const char *when) {
     if (!w->route.routable) {
-        undelivered(s, mb, when);
+        undelivered(w, s, mb, when);
         return;
     }
     char why[MSG_REASON_MAX];
@@ -1015,6 +1020,10 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
                 (unsigned long long)ws->sent_id, ok ? "applied" : err);
         return;
     }
+    /* An ack that changes nothing (of the version w is recorded at, or
+     * newer, or of the one it failed already) is a repeat: its line comes
+     * out of w's share (a worker that acked in a loop wrote one each). */
+    const bool again = ok ? version <= brk_peer_version(&w->route, comp) : ws->failed == version;
     brk_cq_worker_version(b->cat, w->route.name, comp, version, ok, ok ? NULL : err);
     if (ok && a->adapter[0]) brk_cq_weight_adapter(b->cat, comp, version, a->adapter);
     if (ws && version >= ws->sent) ws->waiting = false;
@@ -1027,14 +1036,21 @@ void brk_sync_ack(brk_t *b, brk_worker_t *w, uint64_t id, const msg_sync_ack_t *
             ws->failed = 0;
             ws->why[0] = '\0';
         }
-        brk_log("worker %s applied %s v%llu", w->route.name, comp, (unsigned long long)version);
+        if (again)
+            brk_log_limited(&w->log, w->route.name, "worker %s applied %s v%llu", w->route.name, comp,
+                            (unsigned long long)version);
+        else
+            brk_log("worker %s applied %s v%llu", w->route.name, comp, (unsigned long long)version);
     } else {
         if (ws && version > brk_peer_version(&w->route, comp)) {
             ws->failed = version;
             snprintf(ws->why, sizeof ws->why, "%.127s", err);
         }
-        brk_log("worker %s failed %s v%llu: %s", w->route.name, comp, (unsigned long long)version,
-                err);
+        if (again)
+            brk_log_limited(&w->log, w->route.name, "worker %s failed %s v%llu: %s", w->route.name, comp,
+                            (unsigned long long)version, err);
+        else
+            brk_log("worker %s failed %s v%llu: %s", w->route.name, comp, (unsigned long long)version, err);
     }
     brk_barrier_t *mine = NULL;
     for (brk_barrier_t *s = b->barriers; s; s = s->next) {

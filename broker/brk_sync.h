@@ -17,8 +17,9 @@
  * when nobody lags, its barrier's end ("complete", "SYNC_DONE not
  * delivered"): at most REEL_LOG_BURST a REEL_LOG_WINDOW_MS window, the
  * rest counted ("SYNC resends: N more lines like the ones above ...").
- * The lines of a resend that retries a lagging worker (its sends, its
- * barrier's end) are not limited: each is a retry. */
+ * The lines of a resend that retries a lagging worker are not in it: its
+ * barrier's end is written as it is (each is a retry), the SYNC sent to
+ * the worker within that worker's share (w->log, brk_broker.h). */
 #define BRK_SYNC_RESENDS "SYNC resends"
 
 /* A SYNC from a trainer at `from` (the sender brk_zap_sender names) with

@@ -36,7 +36,21 @@ int brk_workers_refuse(brk_t *b, const char *name, const brk_worker_t *self) {
     return 0;
 }
 
-brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_ready_t *r) {
+const char *brk_workers_again_who(const brk_worker_t *w, char *buf, size_t len) {
+    snprintf(buf, len, "%s READYs again", w->route.name);
+    return buf;
+}
+
+void brk_workers_log_summaries(brk_t *b) {
+    char who[BRK_NAME_MAX + 16];
+    for (int i = 0; i < b->n_w; i++) {
+        brk_log_summary(&b->w[i]->log, b->w[i]->route.name);
+        brk_log_summary(&b->w[i]->again_log, brk_workers_again_who(b->w[i], who, sizeof who));
+    }
+}
+
+brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_ready_t *r,
+                              const brk_worker_shares_t *again) {
     if (b->n_w == b->cap_w) {
         int cap = b->cap_w ? b->cap_w * 2 : 8;
         brk_worker_t **nw = realloc(b->w, (size_t)cap * sizeof *nw);
@@ -71,7 +85,15 @@ brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_rea
     w->max_tokens = (int64_t)r->max_tokens;
     b->w[b->n_w++] = w;
 
-    brk_log("worker %s ready (%s, %d stream%s)", w->route.name, w->device, w->streams, w->streams == 1 ? "" : "s");
+    if (again) { /* a worker that sends READY in a loop: within its READYs again's share */
+        char who[BRK_NAME_MAX + 16];
+        w->log = again->log;
+        w->again_log = again->again_log;
+        brk_log_limited(&w->again_log, brk_workers_again_who(w, who, sizeof who), "worker %s ready (%s, %d stream%s)",
+                        w->route.name, w->device, w->streams, w->streams == 1 ? "" : "s");
+    } else {
+        brk_log("worker %s ready (%s, %d stream%s)", w->route.name, w->device, w->streams, w->streams == 1 ? "" : "s");
+    }
     char boot[17];
     brk_cq_worker_seen(b->cat, w->route.name, w->device, w->arch, w->streams, w->budget,
                        r->boot ? msg_hex64(r->boot, boot) : NULL);
@@ -91,7 +113,7 @@ bool brk_workers_heard(brk_t *b, brk_worker_t *w) {
     }
     if (w->route.routable || w->dead) return false;
     w->route.routable = true;
-    brk_log("worker %s reachable again", w->route.name);
+    brk_log_limited(&w->log, w->route.name, "worker %s reachable again", w->route.name);
     return true;
 }
 
@@ -318,8 +340,9 @@ void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now, uint64_t curren
     if (brk_worker_send(b, w, MSG_PREWARM, 0, &p, NULL) != 0) return; /* unreachable: again when it speaks */
     w->prewarm_sent = true;
     b->prewarm_keys_sent += (uint64_t)k;
-    brk_log("worker %s: PREWARM with %d of the %d hot key%s it owns asked", w->route.name, k, w->prewarm_want,
-            w->prewarm_want == 1 ? "" : "s");
+    /* once a registration: a READY again (in a loop) asks again */
+    brk_log_limited(&w->log, w->route.name, "worker %s: PREWARM with %d of the %d hot key%s it owns asked",
+                    w->route.name, k, w->prewarm_want, w->prewarm_want == 1 ? "" : "s");
 }
 
 void brk_workers_timers(brk_t *b, int64_t now, uint64_t current) {
@@ -359,7 +382,12 @@ brk_worker_t *brk_workers_unlink(brk_t *b, int i) {
     brk_worker_t *w = b->w[i];
     memmove(b->w + i, b->w + i + 1, (size_t)(b->n_w - i - 1) * sizeof *b->w);
     b->n_w--;
-    brk_log("worker %s lost (%s)", w->route.name, w->dead_why ? w->dead_why : "?");
+    if (!w->dead_why || strcmp(w->dead_why, "restarted")) {
+        char who[BRK_NAME_MAX + 16];
+        brk_log_flush(&w->log, w->route.name);
+        brk_log_flush(&w->again_log, brk_workers_again_who(w, who, sizeof who));
+        brk_log("worker %s lost (%s)", w->route.name, w->dead_why ? w->dead_why : "?");
+    }
     brk_cq_worker_heard(b->cat, w->route.name, brk_unix_of(w->seen_ms)); /* its last message, however recent */
     brk_cq_worker_gone(b->cat, w->route.name, w->dead_why);
     return w;

@@ -15,8 +15,17 @@
  * (brk_zap.h). */
 int brk_workers_refuse(brk_t *b, const char *name, const brk_worker_t *self);
 /* Registers the worker that sent READY r (decoded and validated) from
- * identity. NULL on out-of-memory (nothing changed). */
-brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_ready_t *r);
+ * identity. again: the shares of the log of the registration it replaces
+ * (a READY again: a restart), which it keeps, its "ready" line within
+ * again->again_log; NULL for a worker that joins. NULL on out-of-memory
+ * (nothing changed). */
+brk_worker_t *brk_workers_add(brk_t *b, const zmq_msg_t *identity, const msg_ready_t *r,
+                              const brk_worker_shares_t *again);
+/* The name a worker's READYs again are summed up under in the log
+ * ("NAME READYs again"), in buf. Returns buf. Can't fail. */
+const char *brk_workers_again_who(const brk_worker_t *w, char *buf, size_t len);
+/* brk_log_summary of every worker's shares of the log. Can't fail. */
+void brk_workers_log_summaries(brk_t *b);
 /* w spoke: it is alive, and routable again if a send had failed. true when
  * it just became routable again (it may have missed syncs). */
 bool brk_workers_heard(brk_t *b, brk_worker_t *w);
@@ -48,7 +57,10 @@ void brk_workers_prewarm(brk_t *b, brk_worker_t *w, int64_t now, uint64_t curren
 /* Index of a dead worker in b->w, or -1 when none is. */
 int brk_workers_next_dead(const brk_t *b);
 /* Takes worker i out of b->w (the catalog hears why) and returns it; the
- * caller frees it once nothing points to it. */
+ * caller frees it once nothing points to it. Its loss is logged, after the
+ * counts of the lines its shares of the log left out (said now: they go
+ * with it), but for a restart's ("restarted"): the READY again says that
+ * one, within the shares the new registration keeps. */
 brk_worker_t *brk_workers_unlink(brk_t *b, int i);
 
 #endif

@@ -9,7 +9,11 @@
 #      came ("resend: 499 more while ..."), not a row per resend; the
 #      current version's resends, each answered SYNC_DONE, write at most
 #      20 log lines a 10 s window and one "SYNC resends: N more lines like
-#      the ones above" line once it is over (before: 2 lines each);
+#      the ones above" line once it is over (before: 2 lines each); then
+#      the (fake) worker acks v3 2,000 times and sends READY 2,000 times
+#      more, lagging or asking for a PREWARM: within its own share of the
+#      log, 20 lines a window and "fw: N more ..." (before: 1 line an ack,
+#      3 a READY: its loss, "ready", the catch-up SYNC or the PREWARM);
 #   2. peers that never read send 2,000 each of refused messages (SYNCs
 #      refused for their fields or by the sync module, junk, unknown
 #      types), 3,000 STATUS whose answers pile up, and 300 strangers one RESULT
@@ -17,7 +21,16 @@
 #      lines verbatim and then one "N more lines like the ones above"
 #      line a 10 s window, and a refused SYNC is audited only while its
 #      peer may be answered (before: a line, or two and an audit row, per
-#      message: over 8,000 lines).
+#      message: over 8,000 lines);
+#   3. a client resends a live GEN 2,000 times from two connections (its
+#      answer goes to the last one's), and sends GENs that end in a loop:
+#      2,000 failing no_worker, 2,000 cancelled queued, 1,000 cancelled on
+#      a (fake) worker that answers late, 500 past their deadline there;
+#      a worker that never reads sends 2,000 HEARTBEATs, each making it
+#      reachable again and, a GEN sent to it failing, unreachable: each
+#      kind ("GEN resends", "request ends", the worker's share) writes at
+#      most 20 lines a 10 s window and says the rest once it is over
+#      (before: 2,000, 9,065 and 4,001 lines), and the broker still answers.
 # Usage: cli_peer_bounds.sh BUILD
 set -u
 B="${1:-build}"
@@ -40,7 +53,7 @@ N=500
 NC=2000
 timeout -k 5 220 $PY "$T/bounds_peer.py" resend --clients "ipc://$D/c" --workers "ipc://$D/w" \
     --weights "$D/w2.safetensors" --weights3 "$D/w3.safetensors" --log "$D/broker.log" --n $N --current $NC \
-    >"$D/resend.out" 2>&1
+    --workers-n 2000 >"$D/resend.out" 2>&1
 py_checks "$D/resend.out" $?
 # The last row v2 gets is written when v3 replaces it as current (after
 # v3's own "accepted" row): wait for it, then count them all.
@@ -95,5 +108,14 @@ rows=$(/usr/bin/sqlite3 "$DB.2" "select count(*) from audit")
     bad "4,000 refused SYNCs in ${secs} s: $rows audit rows (more than $most)"
 gone "$BROKER" && bad "the broker is still running" || ok "the broker is still running"
 stop_proc "$BROKER" && ok "the broker stops cleanly (exit 0)" || { bad "the broker stops cleanly"; show "$D/flood.log"; }
+
+# ---- 3. a client's requests in a loop, a worker that never reads ----
+cli_broker "$D/requests.log" --clients "ipc://$D/rc" --workers "ipc://$D/rw" --heartbeat-ms 500 ||
+    { bad "broker starts"; finish; }
+timeout -k 5 220 $PY "$T/bounds_peer.py" requests --clients "ipc://$D/rc" --workers "ipc://$D/rw" --n 2000 \
+    --log "$D/requests.log" >"$D/requests.out" 2>&1
+py_checks "$D/requests.out" $?
+gone "$BROKER" && bad "the broker is still running" || ok "the broker is still running"
+stop_proc "$BROKER" && ok "the broker stops cleanly (exit 0)" || { bad "the broker stops cleanly"; show "$D/requests.log"; }
 
 finish
