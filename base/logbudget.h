@@ -4,7 +4,8 @@
  * daemon with messages it refuses, or repeats, cannot fill its disk (the
  * broker's workers and their READYs again, READYs, refusals by kind,
  * SYNC resends, GEN resends and requests' ends: broker/brk_log.h; the
- * worker's refused REQUESTs and the broker's ERRORs: worker/wrk.h).
+ * worker's refused REQUESTs, the broker's ERRORs and its requests' ends:
+ * worker/wrk.h).
  * Pure: the caller passes the time and writes the lines; one budget is
  * one thread's. */
 #ifndef REEL_BASE_LOGBUDGET_H

@@ -16,7 +16,11 @@
 #      again and runs to its RESULTs (the bytes were released);
 #   2. 2,000 refused REQUESTs write at most 20 refusal lines a 10 s window,
 #      the rest counted and said once the window is over; the worker keeps
-#      serving and stops cleanly.
+#      serving and stops cleanly;
+#   3. 2,000 REQUESTs cancelled at once or past a deadline of 1 ms write at
+#      most 20 "request N failed" lines a window ("request ends: N more
+#      ..." once it is over; before: 2,000 lines), and the worker still
+#      runs a REQUEST.
 # Usage: cli_worker_held.sh BUILD
 set -u
 B="${1:-build}"

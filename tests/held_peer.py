@@ -23,7 +23,13 @@ handled, so ZeroMQ queues nothing of the next). Checks:
     10 s window to the worker's log (before: one each), and the lines left
     out are counted and said once their window is over: the lines written
     and those counts add up to every refusal of the run;
-  - a valid REQUEST afterwards still gets its RESULT.
+  - a valid REQUEST afterwards still gets its RESULT;
+  - 2,000 REQUESTs that end without a RESULT (every other one cancelled
+    at once, the others with a deadline of 1 ms), each answered cancelled
+    or timeout, write at most 20 "request N failed" lines a 10 s window
+    (before: one each), and once it is over "request ends: N more lines
+    like the ones above" says the rest: with the lines written, the
+    2,000; the worker still runs a REQUEST afterwards.
 Before the burst, 2,000 ERRORs from the fake broker (a broker that says
 ERROR in a loop), with a refused REQUEST after every 200:
   - their "broker says: ..." lines are at most 20 a 10 s window (before:
@@ -79,6 +85,22 @@ def said_lines(path):
             if "broker says: " in line:
                 written += 1
             m = re.search(r"broker ERRORs: (\d+) more lines like the ones above were left out", line)
+            if m:
+                left_out += int(m.group(1))
+                sums += 1
+    return written, left_out, sums, lines
+
+
+def ended_lines(path):
+    """The worker's log lines of requests that ended without a RESULT, the counts of those left out, the lines
+    that say those counts, and all its lines."""
+    written, left_out, sums, lines = 0, 0, 0, 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            lines += 1
+            if re.search(r"request \d+ failed: ", line):
+                written += 1
+            m = re.search(r"request ends: (\d+) more lines like the ones above were left out", line)
             if m:
                 left_out += int(m.group(1))
                 sums += 1
@@ -251,6 +273,44 @@ def main():
     got = run_to_result(SMALL, 3, 60)
     say(got is not None and got[0]["type"] == "RESULT",
         f"after the flood a small REQUEST runs to its RESULT ({why(got)})")
+
+    # ---- REQUESTs that end without a RESULT, in a loop: cancelled, or past their deadline ----
+    e0, l0, s0, n0 = ended_lines(a.log)
+    t0 = time.monotonic()
+    n_end, ok = 2000, 0
+    for at in range(0, n_end, 50):  # 50 at a time: within 4 x --max-inflight
+        batch = [next(ids) for _ in range(50)]
+        for k, rid in enumerate(batch):
+            if (at + k) % 2 == 0:   # cancelled
+                fb.send(request_hdr(rid, steps=10000), [("context", "F32", SMALL.shape, f32(SMALL))])
+                fb.send({"type": "CANCEL", "id": rid})
+            else:                   # its deadline passes before its first step is over
+                fb.send(request_hdr(rid, steps=10000, deadline_ms=1), [("context", "F32", SMALL.shape, f32(SMALL))])
+        for k, rid in enumerate(batch):
+            g = answer(rid, 30)
+            ok += g is not None and g[0].get("code") == ("cancelled" if (at + k) % 2 == 0 else "timeout")
+    took = time.monotonic() - t0
+    e1, _, _, _ = ended_lines(a.log)
+    most = BURST * (2 + int(took // WINDOW_S))
+    say(ok == n_end and e1 - e0 <= most,
+        f"{n_end} REQUESTs cancelled or past their deadline ({ok} answered cancelled or timeout in {took:.1f} s) "
+        f"wrote {e1 - e0} 'request N failed' lines (at most {most}: {BURST} a {WINDOW_S} s window; before: one each)")
+    end = time.monotonic() + 3 * WINDOW_S
+    while True:
+        written, left_out, sums, n2 = ended_lines(a.log)
+        if written - e0 + left_out - l0 >= n_end or time.monotonic() >= end:
+            break
+        net.pump(0.1)
+    say(left_out > l0 and written - e0 + left_out - l0 == n_end,
+        f"once their window is over the log says how many were left out ('request ends: N more lines like the "
+        f"ones above'): {written - e0} lines written + {left_out - l0} counted as left out = "
+        f"{written - e0 + left_out - l0} of {n_end}")
+    grown = most + (sums - s0)
+    say(n2 - n0 <= grown, f"the worker's log grew by {n2 - n0} lines over them (at most {grown}: {most} and "
+        f"{sums - s0} summary line{'' if sums - s0 == 1 else 's'})")
+    got = run_to_result(SMALL, 3, 60)
+    say(got is not None and got[0]["type"] == "RESULT",
+        f"after them a small REQUEST runs to its RESULT ({why(got)})")
     done(0)
 
 

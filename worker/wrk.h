@@ -109,6 +109,11 @@ typedef struct {
      * ERRORs it sends: their shares of the log (wrk_log_refused,
      * wrk_log_said). The main thread's. */
     reel_log_budget_t refused_log, said_log;
+    /* The log lines of requests that end without a RESULT (cancelled,
+     * past their deadline, failed: wrk_log_ended): their share of the
+     * log. The streams' and the main thread's, under ended_mu. */
+    reel_log_budget_t ended_log;
+    pthread_mutex_t ended_mu;
     /* Mixed steps (several requests in one step) run, and the padded rows
      * they computed for nobody (--batch-sizes ladder). */
     _Atomic uint64_t mixed_steps, padded_rows;
@@ -129,12 +134,13 @@ typedef struct {
     } base;
 } wrk_t;
 
-/* idle_mu and idle_cv. -1 with a message in reel_err_text(). */
 /* The broker endpoint in use (--broker's first until the main thread
  * moves on; opt->broker before it split the list). */
 static inline const char *wrk_broker_endpoint(wrk_t *w) {
     return w->n_brokers ? w->brokers[atomic_load(&w->broker_at)] : w->opt->broker;
 }
+/* idle_mu and idle_cv, samples_mu, ended_mu. 0, or -1 with a message in
+ * reel_err_text() (nothing left made). */
 int wrk_shared_init(wrk_t *w);
 /* Destroys what wrk_shared_init made (after every thread stopped). */
 void wrk_shared_fini(wrk_t *w);
@@ -215,9 +221,17 @@ void wrk_log_refused(wrk_t *w, const char *fmt, ...) __attribute__((format(print
  * that sends ERRORs in a loop cannot fill the disk, nor use up the
  * refusals' lines. The main thread's. Can't fail. */
 void wrk_log_said(wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Says the lines w->refused_log and w->said_log left out once their
- * window is over, though no line of theirs came since (a flood that
- * stopped). The main thread's, on its ticks. Can't fail. */
+/* As wrk_log_refused, for a request that ends without a RESULT
+ * ("request N failed: ...": cancelled, dropped past its deadline, a
+ * step's failure; a split group's other parts stopping), within
+ * w->ended_log ("request ends: N more lines ..."): a broker that sends
+ * REQUESTs it cancels, or whose deadlines have passed, in a loop (its
+ * clients' GENs and CANCELs, say) wrote a line for each one. Any thread's
+ * (the streams write them): under w->ended_mu. Can't fail. */
+void wrk_log_ended(wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Says the lines w->refused_log, w->said_log and w->ended_log left out
+ * once their window is over, though no line of theirs came since (a flood
+ * that stopped). The main thread's, on its ticks. Can't fail. */
 void wrk_log_budgets_tick(wrk_t *w);
 
 #endif

@@ -50,7 +50,8 @@ static void send_error(wrk_stream_t *st, const wrk_job_t *j, const char *code, c
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    wrk_log(st->x->w, "request %llu failed: %s", (unsigned long long)j->id, msg);
+    /* (a broker that cancels, or lets expire, what it sends in a loop: within their share) */
+    wrk_log_ended(st->x->w, "request %llu failed: %s", (unsigned long long)j->id, msg);
     if (wrk_pipe_send_error(st->push, j->epoch, j->id, code, msg) != 0)
         wrk_log(st->x->w, "stream %d: cannot queue ERROR: %s", st->idx, zmq_strerror(errno));
 }
@@ -662,9 +663,10 @@ static bool abandoned(wrk_stream_t *st, wrk_job_t *j) {
     if (j->epoch != atomic_load(&w->epoch)) return true; /* the broker no longer waits for it */
     if (j->group && atomic_load(&j->group->failed)) {
         /* the part that failed sent the group's one ERROR and logged why */
-        wrk_log(w, "stream %d: request %llu: samples %d..%d stop after %d of %d steps: another part of the group failed",
-                st->idx, (unsigned long long)j->id, j->base, j->base + j->n - 1,
-                j->req ? tdit_req_steps_done(j->req) : 0, j->loop.steps);
+        wrk_log_ended(w, "stream %d: request %llu: samples %d..%d stop after %d of %d steps: another part of the "
+                      "group failed",
+                      st->idx, (unsigned long long)j->id, j->base, j->base + j->n - 1,
+                      j->req ? tdit_req_steps_done(j->req) : 0, j->loop.steps);
         return true;
     }
     if (wrk_cancelled(j)) {

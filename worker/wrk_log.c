@@ -1,6 +1,6 @@
 /* wrk_log.c -- the worker's one log line format: "reel-worker NAME: msg",
- * and the shares of the log the broker's refused messages and its ERRORs
- * may write (one budget each). */
+ * and the shares of the log the broker's refused messages, its ERRORs and
+ * the requests that end without a RESULT may write (one budget each). */
 #include <stdarg.h>
 #include <stdio.h>
 #include "base/clock.h"
@@ -8,6 +8,7 @@
 
 #define REFUSED_WHO "refused messages"
 #define ERRORS_WHO "broker ERRORs"
+#define ENDED_WHO "request ends"
 
 static void vlog(const wrk_t *w, const char *fmt, va_list ap) {
     char msg[1024];
@@ -49,6 +50,15 @@ void wrk_log_said(wrk_t *w, const char *fmt, ...) {
     va_end(ap);
 }
 
+void wrk_log_ended(wrk_t *w, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&w->ended_mu); /* (the streams share it) */
+    vlimited(w, &w->ended_log, ENDED_WHO, fmt, ap);
+    pthread_mutex_unlock(&w->ended_mu);
+    va_end(ap);
+}
+
 static void tick(wrk_t *w, reel_log_budget_t *lb, const char *who) {
     uint64_t left_out = reel_log_budget_expired(lb, reel_mono_ms());
     if (left_out) say_left_out(w, who, left_out);
@@ -57,4 +67,7 @@ static void tick(wrk_t *w, reel_log_budget_t *lb, const char *who) {
 void wrk_log_budgets_tick(wrk_t *w) {
     tick(w, &w->refused_log, REFUSED_WHO);
     tick(w, &w->said_log, ERRORS_WHO);
+    pthread_mutex_lock(&w->ended_mu);
+    tick(w, &w->ended_log, ENDED_WHO);
+    pthread_mutex_unlock(&w->ended_mu);
 }
