@@ -16,8 +16,9 @@ cd "$(dirname "$0")/.."
 logs=$(mktemp -d /tmp/reel-asan-cli.XXXXXX)
 trap 'rm -rf "$logs"' EXIT
 # fast_unwind_on_malloc=0: a leak's stack goes on through libraries built
-# without frame pointers (libzmq's allocations otherwise show one frame).
-export ASAN_OPTIONS="detect_leaks=1 fast_unwind_on_malloc=0 log_path=$logs/asan"
+# without frame pointers (libzmq's allocations otherwise show one frame);
+# log_exe_name=1: each report's file names the program that wrote it.
+export ASAN_OPTIONS="detect_leaks=1 fast_unwind_on_malloc=0 log_exe_name=1 log_path=$logs/asan"
 export UBSAN_OPTIONS="print_stacktrace=1 log_path=$logs/ubsan"
 fail=0
 warn=0
