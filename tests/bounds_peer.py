@@ -62,7 +62,7 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peer_guard import done, guard  # noqa: E402
-from peer_wire import pack, say  # noqa: E402
+from peer_wire import budget_counts, pack, say  # noqa: E402
 
 
 def dealer(ctx, ep):
@@ -149,35 +149,14 @@ BURST, WINDOW_S = 20, 10     # a log budget (base/logbudget.h)
 def resend_lines(path):
     """The broker's log: its lines, the lines of v2's resends once current, their counts left out and the
     lines that say those counts."""
-    lines, written, left_out, sums = 0, 0, 0, 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            lines += 1
-            if re.search(r"sync transformer v2 (resent \(current\)|complete \(applied fw; failed -\))", line):
-                written += 1
-            m = re.search(r"SYNC resends: (\d+) more lines like the ones above were left out", line)
-            if m:
-                left_out += int(m.group(1))
-                sums += 1
-    return lines, written, left_out, sums
+    return budget_counts(path, r"sync transformer v2 (resent \(current\)|complete \(applied fw; failed -\))",
+                         "SYNC resends")
 
 
 def kind_lines(path, pattern, who):
     """The broker's log: its lines, those pattern (a regex) finds, the counts "WHO: N more lines like the
     ones above were left out" says, and the lines that say them."""
-    lines, written, left_out, sums = 0, 0, 0, 0
-    line_re = re.compile(pattern)
-    sum_re = re.compile(r"reel-broker: " + re.escape(who) + r": (\d+) more lines like the ones above were left out")
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            lines += 1
-            if line_re.search(line):
-                written += 1
-            m = sum_re.search(line)
-            if m:
-                left_out += int(m.group(1))
-                sums += 1
-    return lines, written, left_out, sums
+    return budget_counts(path, pattern, who, prog="reel-broker")
 
 
 def budget_checks(log, what, pattern, who, base, n, took, pump):

@@ -33,7 +33,7 @@ T=$(dirname "$0")
 
 "$R" weights init --config tiny --seed 1 --out "$D/w.safetensors" 2>/dev/null || { bad "tiny weights"; finish; }
 "$B/reel-worker" --name wheld --broker "ipc://$D/fb" --weights "$D/w.safetensors" --heartbeat-ms 200 \
-    --streams 1 --max-inflight 64 --max-held-mb 8 --prewarm 0 >"$D/wheld.log" 2>&1 &
+    --streams 1 --max-inflight 64 --max-held-mb 8 --max-tokens 16 --prewarm 0 >"$D/wheld.log" 2>&1 &
 WHELD=$!
 PIDS="$PIDS $WHELD"
 wait_for "$D/wheld.log" "holds at most 256 requests \(4 x --max-inflight 64\) and 8 MiB of their tensors" 60 "$WHELD" &&

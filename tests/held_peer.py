@@ -29,7 +29,12 @@ handled, so ZeroMQ queues nothing of the next). Checks:
     or timeout, write at most 20 "request N failed" lines a 10 s window
     (before: one each), and once it is over "request ends: N more lines
     like the ones above" says the rest: with the lines written, the
-    2,000; the worker still runs a REQUEST afterwards.
+    2,000; the worker still runs a REQUEST afterwards;
+  - 300 groups of 2 that the worker splits into batches of 1 (it runs with
+    --max-tokens 16, one sample's tokens), each run to its RESULT, write
+    at most 20 "a group of 2 runs in batches of 1" lines a 10 s window
+    (before: one each), and "request notes: N more lines ..." says the
+    rest once the window is over.
 Before the burst, 2,000 ERRORs from the fake broker (a broker that says
 ERROR in a loop), with a refused REQUEST after every 200:
   - their "broker says: ..." lines are at most 20 a 10 s window (before:
@@ -45,7 +50,6 @@ Prints one PASS/FAIL line per check (tests/lib_cli.sh py_checks), exit 0.
 
 import argparse
 import os
-import re
 import sys
 import time
 
@@ -54,7 +58,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from adversarial_peers import FakeBroker, Net, f32, request_hdr, why  # noqa: E402
 from peer_guard import done, guard  # noqa: E402
-from peer_wire import say, vm_hwm_kb  # noqa: E402
+from peer_wire import budget_counts, say, vm_hwm_kb  # noqa: E402
 
 ROWS = 8000                  # a context of 8,000 x 32 floats: 1,024,000 bytes kept
 BIG = np.random.default_rng(9).standard_normal((ROWS, 32)).astype(np.float32)
@@ -64,46 +68,28 @@ BURST, WINDOW_S = 20, 10     # the log's budget for refusals (base/logbudget.h)
 
 def refusal_lines(path):
     """The worker's log lines of refused REQUESTs, and the counts of those left out."""
-    written, left_out = 0, 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if re.search(r"request \d+ refused: ", line):
-                written += 1
-            m = re.search(r"refused messages: (\d+) more lines like the ones above were left out", line)
-            if m:
-                left_out += int(m.group(1))
+    _, written, left_out, _ = budget_counts(path, r"request \d+ refused: ", "refused messages")
     return written, left_out
 
 
 def said_lines(path):
     """The worker's log lines of the broker's ERRORs, the counts of those left out, the lines that say
     those counts, and all its lines."""
-    written, left_out, sums, lines = 0, 0, 0, 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            lines += 1
-            if "broker says: " in line:
-                written += 1
-            m = re.search(r"broker ERRORs: (\d+) more lines like the ones above were left out", line)
-            if m:
-                left_out += int(m.group(1))
-                sums += 1
+    lines, written, left_out, sums = budget_counts(path, "broker says: ", "broker ERRORs")
     return written, left_out, sums, lines
 
 
 def ended_lines(path):
     """The worker's log lines of requests that ended without a RESULT, the counts of those left out, the lines
     that say those counts, and all its lines."""
-    written, left_out, sums, lines = 0, 0, 0, 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            lines += 1
-            if re.search(r"request \d+ failed: ", line):
-                written += 1
-            m = re.search(r"request ends: (\d+) more lines like the ones above were left out", line)
-            if m:
-                left_out += int(m.group(1))
-                sums += 1
+    lines, written, left_out, sums = budget_counts(path, r"request \d+ failed: ", "request ends")
+    return written, left_out, sums, lines
+
+
+def noted_lines(path):
+    """The worker's log lines noting a group split into batches, the counts of those left out, the lines that
+    say those counts, and all its lines."""
+    lines, written, left_out, sums = budget_counts(path, r"a group of \d+ runs in batches of \d+", "request notes")
     return written, left_out, sums, lines
 
 
@@ -311,6 +297,37 @@ def main():
     got = run_to_result(SMALL, 3, 60)
     say(got is not None and got[0]["type"] == "RESULT",
         f"after them a small REQUEST runs to its RESULT ({why(got)})")
+
+    # ---- groups the worker splits into batches (--max-tokens 16: one 16-token sample a batch), in a loop:
+    # each request's start notes its split, within the budget 'request notes' ----
+    w0, l0, s0, n0 = noted_lines(a.log)
+    t0 = time.monotonic()
+    n_split, ran = 300, 0
+    for at in range(0, n_split, 50):
+        batch = [next(ids) for _ in range(50)]
+        for rid in batch:
+            fb.send(request_hdr(rid, steps=1, n=2, seeds=[rid, rid + 1]),
+                    [("context", "F32", SMALL.shape, f32(SMALL))])
+        for rid in batch:
+            g = answer(rid, 60)
+            ran += g is not None and g[0].get("type") == "RESULT"
+    took = time.monotonic() - t0
+    w1, _, _, _ = noted_lines(a.log)
+    most = BURST * (2 + int(took // WINDOW_S))
+    say(ran == n_split and w1 - w0 <= most,
+        f"{n_split} groups of 2 split into batches of 1 ({ran} ran to their RESULT in {took:.1f} s) wrote "
+        f"{w1 - w0} 'a group of 2 runs in batches of 1' lines (at most {most}: {BURST} a {WINDOW_S} s window; "
+        f"before: one each)")
+    end = time.monotonic() + 3 * WINDOW_S
+    while True:
+        written, left_out, sums, n2 = noted_lines(a.log)
+        if written - w0 + left_out - l0 >= n_split or time.monotonic() >= end:
+            break
+        net.pump(0.1)
+    say(left_out > l0 and written - w0 + left_out - l0 == n_split,
+        f"once their window is over the log says how many were left out ('request notes: N more lines like the "
+        f"ones above'): {written - w0} lines written + {left_out - l0} counted as left out = "
+        f"{written - w0 + left_out - l0} of {n_split}")
     done(0)
 
 

@@ -1,8 +1,10 @@
 """peer_wire.py -- what the raw test peers (adversarial_peers.py,
 hoard_peer.py, held_peer.py) share: a check's line, a message's frames as
 docs/PROTOCOL.md lays them out (a msgpack header, then one frame per
-tensor that its `tensors` entries describe), and a process's peak RSS."""
+tensor that its `tensors` entries describe), a process's peak RSS, and
+what a log budget (base/logbudget.h) wrote of one kind of line."""
 
+import re
 import sys
 
 import msgpack
@@ -35,3 +37,23 @@ def vm_hwm_kb(pid):
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
     return -1
+
+
+def budget_counts(path, line_re, kind, prog=None):
+    """A daemon's log at path: (all its lines, the lines line_re (a regex) finds, the counts its "KIND: N
+    more lines like the ones above were left out" summaries give, and those summaries). prog, if given,
+    is the program name the summaries start with ("reel-broker")."""
+    found = re.compile(line_re)
+    summary = re.compile((re.escape(prog) + ": " if prog else "") + re.escape(kind) +
+                         r": (\d+) more lines like the ones above were left out")
+    lines, written, left_out, sums = 0, 0, 0, 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            lines += 1
+            if found.search(line):
+                written += 1
+            m = summary.search(line)
+            if m:
+                left_out += int(m.group(1))
+                sums += 1
+    return lines, written, left_out, sums

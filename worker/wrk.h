@@ -110,10 +110,12 @@ typedef struct {
      * wrk_log_said). The main thread's. */
     reel_log_budget_t refused_log, said_log;
     /* The log lines of requests that end without a RESULT (cancelled,
-     * past their deadline, failed: wrk_log_ended): their share of the
-     * log. The streams' and the main thread's, under ended_mu. */
-    reel_log_budget_t ended_log;
-    pthread_mutex_t ended_mu;
+     * past their deadline, failed: wrk_log_ended), and the notes a
+     * request's start may write (its group split into batches:
+     * wrk_log_noted): their shares of the log. The streams' and the main
+     * thread's, under streams_log_mu. */
+    reel_log_budget_t ended_log, noted_log;
+    pthread_mutex_t streams_log_mu;
     /* Mixed steps (several requests in one step) run, and the padded rows
      * they computed for nobody (--batch-sizes ladder). */
     _Atomic uint64_t mixed_steps, padded_rows;
@@ -139,7 +141,7 @@ typedef struct {
 static inline const char *wrk_broker_endpoint(wrk_t *w) {
     return w->n_brokers ? w->brokers[atomic_load(&w->broker_at)] : w->opt->broker;
 }
-/* idle_mu and idle_cv, samples_mu, ended_mu. 0, or -1 with a message in
+/* idle_mu and idle_cv, samples_mu, streams_log_mu. 0, or -1 with a message in
  * reel_err_text() (nothing left made). */
 int wrk_shared_init(wrk_t *w);
 /* Destroys what wrk_shared_init made (after every thread stopped). */
@@ -227,9 +229,16 @@ void wrk_log_said(wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 
  * w->ended_log ("request ends: N more lines ..."): a broker that sends
  * REQUESTs it cancels, or whose deadlines have passed, in a loop (its
  * clients' GENs and CANCELs, say) wrote a line for each one. Any thread's
- * (the streams write them): under w->ended_mu. Can't fail. */
+ * (the streams write them): under w->streams_log_mu. Can't fail. */
 void wrk_log_ended(wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Says the lines w->refused_log, w->said_log and w->ended_log left out
+/* As wrk_log_ended, for what a request's start notes about it (a group
+ * split into batches to fit --max-tokens or the memory budget; a batch
+ * that could not start at its size), within w->noted_log ("request
+ * notes: N more lines ..."): one line per request otherwise, and a client
+ * that sends such GENs in a loop would write them all. Any thread's:
+ * under w->streams_log_mu. Can't fail. */
+void wrk_log_noted(wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Says the lines w->refused_log, w->said_log, w->ended_log and w->noted_log left out
  * once their window is over, though no line of theirs came since (a flood
  * that stopped). The main thread's, on its ticks. Can't fail. */
 void wrk_log_budgets_tick(wrk_t *w);

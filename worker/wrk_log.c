@@ -1,6 +1,7 @@
 /* wrk_log.c -- the worker's one log line format: "reel-worker NAME: msg",
- * and the shares of the log the broker's refused messages, its ERRORs and
- * the requests that end without a RESULT may write (one budget each). */
+ * and the shares of the log the broker's refused messages, its ERRORs, the
+ * requests that end without a RESULT and the notes of a request's start
+ * may write (one budget each). */
 #include <stdarg.h>
 #include <stdio.h>
 #include "base/clock.h"
@@ -9,6 +10,7 @@
 #define REFUSED_WHO "refused messages"
 #define ERRORS_WHO "broker ERRORs"
 #define ENDED_WHO "request ends"
+#define NOTED_WHO "request notes"
 
 static void vlog(const wrk_t *w, const char *fmt, va_list ap) {
     char msg[1024];
@@ -53,9 +55,18 @@ void wrk_log_said(wrk_t *w, const char *fmt, ...) {
 void wrk_log_ended(wrk_t *w, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    pthread_mutex_lock(&w->ended_mu); /* (the streams share it) */
+    pthread_mutex_lock(&w->streams_log_mu); /* (the streams share it) */
     vlimited(w, &w->ended_log, ENDED_WHO, fmt, ap);
-    pthread_mutex_unlock(&w->ended_mu);
+    pthread_mutex_unlock(&w->streams_log_mu);
+    va_end(ap);
+}
+
+void wrk_log_noted(wrk_t *w, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&w->streams_log_mu);
+    vlimited(w, &w->noted_log, NOTED_WHO, fmt, ap);
+    pthread_mutex_unlock(&w->streams_log_mu);
     va_end(ap);
 }
 
@@ -67,7 +78,8 @@ static void tick(wrk_t *w, reel_log_budget_t *lb, const char *who) {
 void wrk_log_budgets_tick(wrk_t *w) {
     tick(w, &w->refused_log, REFUSED_WHO);
     tick(w, &w->said_log, ERRORS_WHO);
-    pthread_mutex_lock(&w->ended_mu);
+    pthread_mutex_lock(&w->streams_log_mu);
     tick(w, &w->ended_log, ENDED_WHO);
-    pthread_mutex_unlock(&w->ended_mu);
+    tick(w, &w->noted_log, NOTED_WHO);
+    pthread_mutex_unlock(&w->streams_log_mu);
 }

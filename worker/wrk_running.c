@@ -19,7 +19,7 @@ int wrk_shared_init(wrk_t *w) {
         pthread_mutex_destroy(&w->idle_mu);
         return reel_fail(REEL_E_IO, "cannot create the step counters' lock");
     }
-    if (pthread_mutex_init(&w->ended_mu, NULL) != 0) {
+    if (pthread_mutex_init(&w->streams_log_mu, NULL) != 0) {
         pthread_mutex_destroy(&w->samples_mu);
         pthread_cond_destroy(&w->idle_cv);
         pthread_mutex_destroy(&w->idle_mu);
@@ -34,7 +34,7 @@ void wrk_shared_fini(wrk_t *w) {
     w->held = NULL;
     w->n_held = w->cap_held = 0;
     w->held_bytes = 0;
-    pthread_mutex_destroy(&w->ended_mu);
+    pthread_mutex_destroy(&w->streams_log_mu);
     pthread_mutex_destroy(&w->samples_mu);
     pthread_cond_destroy(&w->idle_cv);
     pthread_mutex_destroy(&w->idle_mu);
