@@ -121,6 +121,22 @@ def main():
         fb.send({"type": "FROB", "id": mark})
         return fb.wait(lambda h, t: h.get("id") == mark and h.get("type") == "ERROR", 30) is not None
 
+    def said_in_full(count, w0, l0, n, kind):
+        """Waits (three windows at most) until the n lines of one kind sent since count (a *_lines function)
+        said w0 written and l0 left out are all in the log, written or counted in KIND's summaries; checks
+        that some were left out and that they add up. Its summaries and all its lines then."""
+        end = time.monotonic() + 3 * WINDOW_S
+        while True:
+            written, left_out, sums, lines = count(a.log)
+            if written - w0 + left_out - l0 >= n or time.monotonic() >= end:
+                break
+            net.pump(0.1)
+        say(left_out > l0 and written - w0 + left_out - l0 == n,
+            f"once their window is over the log says how many were left out ('{kind}: N more lines like the "
+            f"ones above'): {written - w0} lines written + {left_out - l0} counted as left out = "
+            f"{written - w0 + left_out - l0} of {n}")
+        return sums, lines
+
     def run_to_result(ctx, steps, secs):
         """A REQUEST sent until it is not busy (a job that ended may still let go): its answer."""
         nonlocal refusals
@@ -163,15 +179,7 @@ def main():
         f"(at most {most}: {BURST} a {WINDOW_S} s window; {refused} of the {marks} REQUESTs among them refused)")
     say(r1 - r0 == marks, f"the {marks} refused REQUESTs among the ERRORs each wrote their line ({r1 - r0} did): "
         "the ERRORs' budget is their own")
-    end = time.monotonic() + 3 * WINDOW_S
-    while True:
-        written, left_out, sums, n2 = said_lines(a.log)
-        if written - e0 + left_out - l0 >= n_err or time.monotonic() >= end:
-            break
-        net.pump(0.1)
-    say(left_out > l0 and written - e0 + left_out - l0 == n_err,
-        f"once their window is over the log says how many were left out: {written - e0} lines written + "
-        f"{left_out - l0} counted as left out = {written - e0 + left_out - l0} of {n_err}")
+    sums, n2 = said_in_full(said_lines, e0, l0, n_err, "broker ERRORs")
     # everything the worker wrote meanwhile: those lines (within the bound
     # above), the refusals' and the summaries
     grown = most + marks + (sums - s0)
@@ -281,16 +289,7 @@ def main():
     say(ok == n_end and e1 - e0 <= most,
         f"{n_end} REQUESTs cancelled or past their deadline ({ok} answered cancelled or timeout in {took:.1f} s) "
         f"wrote {e1 - e0} 'request N failed' lines (at most {most}: {BURST} a {WINDOW_S} s window; before: one each)")
-    end = time.monotonic() + 3 * WINDOW_S
-    while True:
-        written, left_out, sums, n2 = ended_lines(a.log)
-        if written - e0 + left_out - l0 >= n_end or time.monotonic() >= end:
-            break
-        net.pump(0.1)
-    say(left_out > l0 and written - e0 + left_out - l0 == n_end,
-        f"once their window is over the log says how many were left out ('request ends: N more lines like the "
-        f"ones above'): {written - e0} lines written + {left_out - l0} counted as left out = "
-        f"{written - e0 + left_out - l0} of {n_end}")
+    sums, n2 = said_in_full(ended_lines, e0, l0, n_end, "request ends")
     grown = most + (sums - s0)
     say(n2 - n0 <= grown, f"the worker's log grew by {n2 - n0} lines over them (at most {grown}: {most} and "
         f"{sums - s0} summary line{'' if sums - s0 == 1 else 's'})")
@@ -318,16 +317,7 @@ def main():
         f"{n_split} groups of 2 split into batches of 1 ({ran} ran to their RESULT in {took:.1f} s) wrote "
         f"{w1 - w0} 'a group of 2 runs in batches of 1' lines (at most {most}: {BURST} a {WINDOW_S} s window; "
         f"before: one each)")
-    end = time.monotonic() + 3 * WINDOW_S
-    while True:
-        written, left_out, sums, n2 = noted_lines(a.log)
-        if written - w0 + left_out - l0 >= n_split or time.monotonic() >= end:
-            break
-        net.pump(0.1)
-    say(left_out > l0 and written - w0 + left_out - l0 == n_split,
-        f"once their window is over the log says how many were left out ('request notes: N more lines like the "
-        f"ones above'): {written - w0} lines written + {left_out - l0} counted as left out = "
-        f"{written - w0 + left_out - l0} of {n_split}")
+    said_in_full(noted_lines, w0, l0, n_split, "request notes")
     done(0)
 
 
