@@ -1345,7 +1345,8 @@ class NoBrokerTests(unittest.TestCase):
         try:
             with reel.Client(f"ipc://{d}/a,ipc://{d}/b", timeout=3, liveness=0.1) as c:
                 with self.assertRaises(reel.ReelTimeout) as cm:
-                    c.gen("tiny", rand((5, 32), 1), latent_shape=(4, 1, 4, 4), steps=1)
+                    # (timeout=3: the call's own wait, not the GEN's deadline plus its margin)
+                    c.gen("tiny", rand((5, 32), 1), latent_shape=(4, 1, 4, 4), steps=1, timeout=3)
             self.assertRegex(str(cm.exception), r"every broker is the standby \(\d+ answers standby, "
                                                  r"the last broker asked none in time\)")
         finally:
