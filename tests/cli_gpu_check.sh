@@ -184,7 +184,7 @@ check "a library from outside the bundle" fail "outside the bundle and the allow
 check "ldd cannot read the binaries" fail "ldd cannot read it" ldd_fails -- --quick
 check "a binary does not start" fail "the bundled reel-worker does not start \(exit 127\)" no_start -- --quick
 check "glibc symbol version missing" fail "missing on this machine: \[.*GLIBC_2.99" glibc_version -- --quick
-GCB=30 check "the suite hangs (deadline 30 s)" fail "timed out after" suite_hang -- --quick
+GCB=15 check "the suite hangs (deadline 15 s)" fail "timed out after" suite_hang -- --quick
 check "no bundle" fail "no bundle at" "" -- --quick --bundle "$T/none"
 check "bad argument" fail "unknown argument" "" -- --bogus
 
