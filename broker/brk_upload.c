@@ -54,8 +54,9 @@ void brk_upload_timers(brk_t *b, int64_t now) {
     for (int i = 0; i < BRK_UPLOADS_MAX; i++) {
         slot_t *s = &b->uploads->s[i];
         if (!s->open || now - s->touched_ms < BRK_UPLOAD_IDLE_MS) continue;
-        brk_log("upload %s v%" PRIu64 " given up: no chunk in %d s (%" PRIu64 " of %" PRIu64 " bytes came)",
-                s->component, s->version, BRK_UPLOAD_IDLE_MS / 1000, s->received, s->size);
+        brk_log_kind(&b->request_log, BRK_UPLOAD_LINES,
+                     "upload %s v%" PRIu64 " given up: no chunk in %d s (%" PRIu64 " of %" PRIu64 " bytes came)",
+                     s->component, s->version, BRK_UPLOAD_IDLE_MS / 1000, s->received, s->size);
         brk_upl_close_slot(b, s, true);
     }
 }

@@ -34,6 +34,10 @@
 #define BRK_FETCH_PARKED_MAX 4096  /* FETCHes waiting for an upload's bytes, per upload (4 per worker) */
 #define BRK_UPLOAD_IDLE_MS 600000  /* an open upload with no chunk for this long is given up */
 #define BRK_UPLOAD_STALE_MS 60000  /* ... or for this long when a new upload needs its slot */
+/* The log's kind (brk_log_kind, b->request_log) of the lines an upload
+ * writes as it ends or stalls: a trainer's uploads in a loop, or its
+ * retries of a chunk that cannot be written, are one line each. */
+#define BRK_UPLOAD_LINES "uploads"
 #define BRK_SOURCE_UPLOADED "uploaded" /* a version's source in the catalog when it came by UPLOAD */
 
 /* For tests: uploads hash on the routing thread, as when an upload's

@@ -75,8 +75,8 @@ static slot_t *free_slot(brk_t *b) {
         if (!b->uploads->s[i].open) s = &b->uploads->s[i];
         else if (!idle || b->uploads->s[i].touched_ms < idle->touched_ms) idle = &b->uploads->s[i];
     if (!s && idle && brk_now_ms() - idle->touched_ms >= BRK_UPLOAD_STALE_MS) {
-        brk_log("upload %s v%" PRIu64 " given up for a new one: no chunk in %d s", idle->component,
-                idle->version, (int)((brk_now_ms() - idle->touched_ms) / 1000));
+        brk_log_kind(&b->request_log, BRK_UPLOAD_LINES, "upload %s v%" PRIu64 " given up for a new one: no chunk in %d s",
+                     idle->component, idle->version, (int)((brk_now_ms() - idle->touched_ms) / 1000));
         brk_upl_close_slot(b, idle, true);
         s = idle;
     }
@@ -131,8 +131,10 @@ static int forget_stored(brk_t *b, const char *comp, uint64_t v) {
     if ((unlink(sum) != 0 && errno != ENOENT) || (unlink(file) != 0 && errno != ENOENT))
         return reel_fail(REEL_E_IO, "cannot remove the stored %s v%" PRIu64 " to replace it: %s", comp, v,
                          strerror(errno));
-    brk_log("%s v%" PRIu64 ": an UPLOAD with other weights replaces the stored ones (never applied: newer than the "
-            "current version, no SYNC of it under way)", comp, v);
+    brk_log_kind(&b->request_log, BRK_UPLOAD_LINES,
+                 "%s v%" PRIu64 ": an UPLOAD with other weights replaces the stored ones (never applied: newer than the "
+                 "current version, no SYNC of it under way)",
+                 comp, v);
     return 0;
 }
 
@@ -276,8 +278,9 @@ static bool chunk_write(chunk_t *c) {
         if (c->u->chunk == &c->m->t[k]) frame = &c->m->frame[k];
     if (append(c, frame) != 0) {
         const reel_err_t e = *reel_err(); /* a copy: answering the FETCHes may fail on its own */
-        brk_log("upload %s v%" PRIu64 " stalls at %" PRIu64 " of %" PRIu64 " bytes: %s", s->component, s->version,
-                s->received, s->size, e.msg);
+        brk_log_kind(&c->b->request_log, BRK_UPLOAD_LINES,
+                     "upload %s v%" PRIu64 " stalls at %" PRIu64 " of %" PRIu64 " bytes: %s", s->component, s->version,
+                     s->received, s->size, e.msg);
         snprintf(s->stalled, sizeof s->stalled, "%.299s", e.msg); /* its messages are shorter */
         s->touched_ms = brk_now_ms(); /* a trainer retrying at the right offset keeps its slot */
         brk_upl_fail_parked(c->b, s, WIRE_E_INTERNAL, e.msg); /* the broker's disk, not the request */
@@ -329,8 +332,9 @@ fail:;
 static bool finish_digest(chunk_t *c) {
     slot_t *s = c->s;
     if (strcmp(c->digest, s->sha256) == 0) return true;
-    brk_log("upload %s v%" PRIu64 " refused: its bytes hash to %.16s..., not %.16s...", s->component, s->version,
-            c->digest, s->sha256);
+    brk_log_kind(&c->b->request_log, BRK_UPLOAD_LINES,
+                 "upload %s v%" PRIu64 " refused: its bytes hash to %.16s..., not %.16s...", s->component, s->version,
+                 c->digest, s->sha256);
     brk_cq_audit(c->b->cat, c->who.name, reel_role_name(c->who.role), "upload", s->component, s->version, s->sha256,
                  NULL, "refused: sha256 mismatch");
     brk_error_to(c->b, false, c->from, c->id, WIRE_E_BAD_REQUEST, "UPLOAD: the bytes hash to %s, not the announced %s",
@@ -353,7 +357,8 @@ static bool finish_store(chunk_t *c) {
         if (rc != 0 && (errno == ENOSPC || errno == EDQUOT) && brk_upl_drop_spares(b) > 0) rc = publish(b, s);
     }
     if (rc == 0) return true;
-    brk_log("upload %s v%" PRIu64 ": %s", s->component, s->version, reel_err()->msg);
+    brk_log_kind(&b->request_log, BRK_UPLOAD_LINES, "upload %s v%" PRIu64 ": %s", s->component, s->version,
+                 reel_err()->msg);
     brk_error_from(b, false, c->from, c->id, reel_err(), "UPLOAD: "); /* io: internal */
     brk_upl_close_slot(b, s, true);
     return false;
@@ -375,8 +380,9 @@ static void chunk_finish(chunk_t *c) {
     char final[1024];
     brk_upl_path(c->b, "", s->component, s->version, ".safetensors", final, sizeof final);
     brk_upl_serve_parked(c->b, s, c->u, c->m);
-    brk_log("upload %s v%" PRIu64 " stored: %" PRIu64 " bytes, sha256 %.16s... (%s)", s->component, s->version,
-            s->size, s->sha256, final);
+    brk_log_kind(&c->b->request_log, BRK_UPLOAD_LINES,
+                 "upload %s v%" PRIu64 " stored: %" PRIu64 " bytes, sha256 %.16s... (%s)", s->component, s->version,
+                 s->size, s->sha256, final);
     brk_cq_audit(c->b->cat, c->who.name, reel_role_name(c->who.role), "upload", s->component, s->version, s->sha256,
                  final, c->from ? "stored" : "stored: copied from the peer broker of the pair");
     ack(c->b, c->from, c->id, s->component, s->version, s->size, true);

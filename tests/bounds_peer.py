@@ -47,6 +47,15 @@ and 3,000 STATUS (client socket); --conns fresh connections send one RESULT each
 prints "ELAPSED S" (the flood's seconds) for the shell, which counts the
 log lines and audit rows.
 
+    bounds_peer.py uploads --clients EP --log BROKER_LOG [--n 300]
+
+`uploads` (a broker with --weights-dir): a trainer sends --n one-chunk
+UPLOADs of 1 KiB whose bytes do not hash to their sha256, then one that
+does. Checks: each bad one is answered ERROR and the good one stored; the
+uploads' lines ("upload ... refused: its bytes hash to ...") write at
+most 20 a 10 s window (before: one each), and once it is over "uploads: N
+more lines like the ones above" says the rest.
+
 Prints one PASS/FAIL line per check (tests/lib_cli.sh py_checks), exit 0.
 """
 
@@ -639,6 +648,33 @@ def run_flood(a):
     done(0)
 
 
+def run_uploads(a):
+    """A trainer's UPLOADs in a loop, each refused for its bytes."""
+    ctx = zmq.Context.instance()
+    tr = dealer(ctx, a.clients)
+    data = bytes(range(256)) * 4
+    sha = hashlib.sha256(data).hexdigest()
+    pattern = r"upload transformer v\d+ refused: its bytes hash to"
+    base = kind_lines(a.log, pattern, "uploads")
+    t0 = time.monotonic()
+    refused = 0
+    for i in range(a.n):
+        rid = 100 + i
+        tr.send_multipart(pack({"type": "UPLOAD", "id": rid, "component": "transformer", "version": 7,
+                                "sha256": "0" * 64, "size": len(data), "offset": 0},
+                               [("chunk", "U8", (len(data),), data)]))
+        h = until_answer(tr, rid, 30)
+        refused += h is not None and h.get("type") == "ERROR"
+    took = time.monotonic() - t0
+    say(refused == a.n, f"{a.n} UPLOADs whose bytes do not hash to their sha256: {refused} answered ERROR")
+    budget_checks(a.log, f"{a.n} refused UPLOADs", pattern, "uploads", base, a.n, took, lambda: time.sleep(0.1))
+    tr.send_multipart(pack({"type": "UPLOAD", "id": 9, "component": "transformer", "version": 7, "sha256": sha,
+                            "size": len(data), "offset": 0}, [("chunk", "U8", (len(data),), data)]))
+    h = until_answer(tr, 9, 30)
+    say(h is not None and h.get("complete") is True, f"then an UPLOAD that hashes right is stored ({h})")
+    done(0, tr)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -662,12 +698,18 @@ def main():
     f.add_argument("--n", type=int, default=2000)
     f.add_argument("--conns", type=int, default=300)
     f.add_argument("--log", required=True)
+    u = sub.add_parser("uploads")
+    u.add_argument("--clients", required=True)
+    u.add_argument("--log", required=True)
+    u.add_argument("--n", type=int, default=300)
     a = ap.parse_args()
     guard(200)
     if a.mode == "resend":
         run_resend(a)
     elif a.mode == "requests":
         run_requests(a)
+    elif a.mode == "uploads":
+        run_uploads(a)
     else:
         run_flood(a)
 

@@ -30,7 +30,11 @@
 #      reachable again and, a GEN sent to it failing, unreachable: each
 #      kind ("GEN resends", "request ends", the worker's share) writes at
 #      most 20 lines a 10 s window and says the rest once it is over
-#      (before: 2,000, 9,065 and 4,001 lines), and the broker still answers.
+#      (before: 2,000, 9,065 and 4,001 lines), and the broker still answers;
+#   4. a trainer sends 300 UPLOADs whose bytes do not hash to their
+#      sha256 (a broker with --weights-dir): each answered ERROR, their
+#      lines ("uploads") at most 20 a 10 s window, the rest said once it
+#      is over (before: 300 lines), and a good UPLOAD is stored after.
 # Usage: cli_peer_bounds.sh BUILD
 set -u
 B="${1:-build}"
@@ -117,5 +121,15 @@ timeout -k 5 220 $PY "$T/bounds_peer.py" requests --clients "ipc://$D/rc" --work
 py_checks "$D/requests.out" $?
 gone "$BROKER" && bad "the broker is still running" || ok "the broker is still running"
 stop_proc "$BROKER" && ok "the broker stops cleanly (exit 0)" || { bad "the broker stops cleanly"; show "$D/requests.log"; }
+
+# ---- 4. a trainer's refused UPLOADs in a loop ----
+mkdir -p "$D/wd"
+cli_broker "$D/uploads.log" --clients "ipc://$D/uc" --workers "ipc://$D/uw" --weights-dir "$D/wd" --heartbeat-ms 500 ||
+    { bad "broker starts"; finish; }
+timeout -k 5 220 $PY "$T/bounds_peer.py" uploads --clients "ipc://$D/uc" --n 300 --log "$D/uploads.log" \
+    >"$D/uploads.out" 2>&1
+py_checks "$D/uploads.out" $?
+gone "$BROKER" && bad "the broker is still running" || ok "the broker is still running"
+stop_proc "$BROKER" && ok "the broker stops cleanly (exit 0)" || { bad "the broker stops cleanly"; show "$D/uploads.log"; }
 
 finish
