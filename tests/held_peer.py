@@ -34,7 +34,10 @@ handled, so ZeroMQ queues nothing of the next). Checks:
     --max-tokens 16, one sample's tokens), each run to its RESULT, write
     at most 20 "a group of 2 runs in batches of 1" lines a 10 s window
     (before: one each), and "request notes: N more lines ..." says the
-    rest once the window is over.
+    rest once the window is over;
+  - 300 SYNCs of a path that is not there, each acked not ok, write at
+    most 20 "sync to vN refused" lines a 10 s window (before: one each),
+    and "sync refusals: N more lines ..." says the rest.
 Before the burst, 2,000 ERRORs from the fake broker (a broker that says
 ERROR in a loop), with a refused REQUEST after every 200:
   - their "broker says: ..." lines are at most 20 a 10 s window (before:
@@ -90,6 +93,13 @@ def noted_lines(path):
     """The worker's log lines noting a group split into batches, the counts of those left out, the lines that
     say those counts, and all its lines."""
     lines, written, left_out, sums = budget_counts(path, r"a group of \d+ runs in batches of \d+", "request notes")
+    return written, left_out, sums, lines
+
+
+def sync_lines(path):
+    """The worker's log lines of SYNCs refused or failed, the counts of those left out, the lines that say
+    those counts, and all its lines."""
+    lines, written, left_out, sums = budget_counts(path, r"sync (to v\d+ )?(refused|failed): ", "sync refusals")
     return written, left_out, sums, lines
 
 
@@ -318,6 +328,27 @@ def main():
         f"{w1 - w0} 'a group of 2 runs in batches of 1' lines (at most {most}: {BURST} a {WINDOW_S} s window; "
         f"before: one each)")
     said_in_full(noted_lines, w0, l0, n_split, "request notes")
+
+    # ---- SYNCs the sync thread refuses (a path that is not there), in a loop: 'sync refusals' ----
+    w0, l0, s0, n0 = sync_lines(a.log)
+    t0 = time.monotonic()
+    n_sync, acked = 300, 0
+    for k in range(n_sync):
+        sid = next(ids)
+        fb.send({"type": "SYNC", "id": sid, "component": "transformer", "version": 2 + k, "sha256": "ab" * 32,
+                 "path": "/nonexistent/w.safetensors"})
+        m = fb.wait(lambda h, t, sid=sid: h.get("id") == sid and h.get("type") in ("SYNC_ACK", "ERROR"), 30)
+        acked += m is not None and m[0]["type"] == "SYNC_ACK" and m[0].get("ok") is False
+    took = time.monotonic() - t0
+    w1, _, _, _ = sync_lines(a.log)
+    most = BURST * (2 + int(took // WINDOW_S))
+    say(acked == n_sync and w1 - w0 <= most,
+        f"{n_sync} SYNCs of a file that is not there ({acked} acked not ok in {took:.1f} s) wrote {w1 - w0} "
+        f"'sync to vN refused' lines (at most {most}: {BURST} a {WINDOW_S} s window; before: one each)")
+    said_in_full(sync_lines, w0, l0, n_sync, "sync refusals")
+    got = run_to_result(SMALL, 3, 60)
+    say(got is not None and got[0]["type"] == "RESULT",
+        f"after them a small REQUEST runs to its RESULT ({why(got)})")
     done(0)
 
 

@@ -115,6 +115,10 @@ typedef struct {
      * wrk_log_noted): their shares of the log. The streams' and the main
      * thread's, under streams_log_mu. */
     reel_log_budget_t ended_log, noted_log;
+    /* The sync thread's lines of SYNCs it refused or failed
+     * (wrk_log_sync_refused): their share of the log, under
+     * streams_log_mu. */
+    reel_log_budget_t sync_log;
     pthread_mutex_t streams_log_mu;
     /* Mixed steps (several requests in one step) run, and the padded rows
      * they computed for nobody (--batch-sizes ladder). */
@@ -238,7 +242,13 @@ void wrk_log_ended(wrk_t *w, const char *fmt, ...) __attribute__((format(printf,
  * that sends such GENs in a loop would write them all. Any thread's:
  * under w->streams_log_mu. Can't fail. */
 void wrk_log_noted(wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Says the lines w->refused_log, w->said_log, w->ended_log and w->noted_log left out
+/* As wrk_log_ended, for a SYNC the sync thread refused or failed ("sync
+ * to vN refused: ..."), within w->sync_log ("sync refusals: N more lines
+ * ..."): whatever sends SYNCs on the broker's socket in a loop writes a
+ * line each otherwise. Any thread's: under w->streams_log_mu. Can't
+ * fail. */
+void wrk_log_sync_refused(wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Says the lines w->refused_log, w->said_log, w->ended_log, w->noted_log and w->sync_log left out
  * once their window is over, though no line of theirs came since (a flood
  * that stopped). The main thread's, on its ticks. Can't fail. */
 void wrk_log_budgets_tick(wrk_t *w);

@@ -1,7 +1,7 @@
 /* wrk_log.c -- the worker's one log line format: "reel-worker NAME: msg",
  * and the shares of the log the broker's refused messages, its ERRORs, the
- * requests that end without a RESULT and the notes of a request's start
- * may write (one budget each). */
+ * requests that end without a RESULT, the notes of a request's start and
+ * the SYNCs refused may write (one budget each). */
 #include <stdarg.h>
 #include <stdio.h>
 #include "base/clock.h"
@@ -11,6 +11,7 @@
 #define ERRORS_WHO "broker ERRORs"
 #define ENDED_WHO "request ends"
 #define NOTED_WHO "request notes"
+#define SYNC_WHO "sync refusals"
 
 static void vlog(const wrk_t *w, const char *fmt, va_list ap) {
     char msg[1024];
@@ -70,6 +71,15 @@ void wrk_log_noted(wrk_t *w, const char *fmt, ...) {
     va_end(ap);
 }
 
+void wrk_log_sync_refused(wrk_t *w, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&w->streams_log_mu);
+    vlimited(w, &w->sync_log, SYNC_WHO, fmt, ap);
+    pthread_mutex_unlock(&w->streams_log_mu);
+    va_end(ap);
+}
+
 static void tick(wrk_t *w, reel_log_budget_t *lb, const char *who) {
     uint64_t left_out = reel_log_budget_expired(lb, reel_mono_ms());
     if (left_out) say_left_out(w, who, left_out);
@@ -81,5 +91,6 @@ void wrk_log_budgets_tick(wrk_t *w) {
     pthread_mutex_lock(&w->streams_log_mu);
     tick(w, &w->ended_log, ENDED_WHO);
     tick(w, &w->noted_log, NOTED_WHO);
+    tick(w, &w->sync_log, SYNC_WHO);
     pthread_mutex_unlock(&w->streams_log_mu);
 }

@@ -496,9 +496,10 @@ static int sync_apply(sync_op_t *op) {
 static void sync_ack(sync_op_t *op, int rc) {
     wrk_t *w = op->w;
     if (rc < 0 && !op->decoded) {
-        wrk_log(w, "sync refused: %s", reel_err_text());
+        wrk_log_sync_refused(w, "sync refused: %s", reel_err_text());
     } else if (rc < 0) {
-        wrk_log(w, "sync to v%" PRIu64 " %s: %s", op->version, op->applying ? "failed" : "refused", reel_err_text());
+        wrk_log_sync_refused(w, "sync to v%" PRIu64 " %s: %s", op->version, op->applying ? "failed" : "refused",
+                             reel_err_text());
     } else if (rc == 0) {
         atomic_fetch_add(&w->syncs_applied, 1);
         atomic_fetch_add(&w->sync_us, (uint64_t)(SECS(op->t0, op->t3) * 1e6));
