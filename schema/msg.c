@@ -416,7 +416,9 @@ static void enc_field(wire_buf_t *w, const msg_field_t *f, const void *in) {
     case FK_BOOL: wire_put_bool(w, *AT(in, f->off, const bool)); break;
     case FK_NAME:
     case FK_TEXT:
-    case FK_SHA256: wire_put_strn(w, AT(in, f->off, const char), strnlen(AT(in, f->off, const char), f->size)); break;
+    case FK_SHA256: /* within its member's size: a repaired (U+FFFD) text grows */
+        wire_put_text(w, AT(in, f->off, const char), strnlen(AT(in, f->off, const char), f->size), f->size - 1);
+        break;
     case FK_HASH: {
         char hex[17];
         wire_put_strn(w, msg_hex64(*AT(in, f->off, const uint64_t), hex), 16);
@@ -444,7 +446,7 @@ static void enc_field(wire_buf_t *w, const msg_field_t *f, const void *in) {
         wire_put_map(w);
         for (int k = 0; k < t->n && k < MSG_MAX_COMPONENTS; k++) {
             wire_put_str(w, t->e[k].name);
-            wire_put_str(w, t->e[k].text);
+            wire_put_text(w, t->e[k].text, strnlen(t->e[k].text, sizeof t->e[k].text), sizeof t->e[k].text - 1);
         }
         wire_put_end(w);
         break;

@@ -147,14 +147,14 @@ static void put_str_header(wire_buf_t *w, size_t n) {
     else put_tagged(w, 0xdb, n, 4);
 }
 
-/* Writes s with every invalid byte as U+FFFD, at most WIRE_MAX_STR bytes,
- * cut between characters. */
-static void put_repaired(wire_buf_t *w, const unsigned char *s, size_t n) {
+/* Writes s with every invalid byte as U+FFFD, at most max bytes, cut
+ * between characters. */
+static void put_repaired(wire_buf_t *w, const unsigned char *s, size_t n, size_t max) {
     static const unsigned char fffd[3] = { 0xef, 0xbf, 0xbd };
     size_t out = 0;
     for (size_t i = 0; i < n;) { /* the length first: the header precedes the bytes */
         size_t k = utf8_seq(s + i, n - i), add = k ? k : 3;
-        if (out + add > WIRE_MAX_STR) break;
+        if (out + add > max) break;
         out += add;
         i += k ? k : 1;
     }
@@ -170,10 +170,19 @@ static void put_repaired(wire_buf_t *w, const unsigned char *s, size_t n) {
     }
 }
 
+void wire_put_text(wire_buf_t *w, const char *s, size_t n, size_t max) {
+    if (n <= max && wire_utf8_valid(s, n)) {
+        wire_put_strn(w, s, n);
+        return;
+    }
+    counted(w);
+    put_repaired(w, (const unsigned char *)s, n, max < WIRE_MAX_STR ? max : WIRE_MAX_STR);
+}
+
 void wire_put_strn(wire_buf_t *w, const char *s, size_t n) {
     counted(w);
     if (!wire_utf8_valid(s, n)) {
-        put_repaired(w, (const unsigned char *)s, n);
+        put_repaired(w, (const unsigned char *)s, n, WIRE_MAX_STR);
         return;
     }
     put_str_header(w, n);

@@ -128,6 +128,13 @@ void wire_put_tensors(wire_buf_t *w, const wire_tensor_t *const *t, int n);
 void wire_put_envelope(wire_buf_t *w, const char *type, uint64_t id, const wire_tensor_t *const *t,
                        int n);
 
+/* s[0..n) as a string of at most max bytes (and WIRE_MAX_STR): invalid
+ * UTF-8 bytes written as U+FFFD, cut between characters. A field of a
+ * bounded size (a text of at most 31 bytes) is written within it, so a
+ * peer's bytes the broker echoes (a worker's arch, its sync error) never
+ * come out longer than a receiver takes. */
+void wire_put_text(wire_buf_t *w, const char *s, size_t n, size_t max);
+
 /* True when the n bytes at s are valid UTF-8. */
 bool wire_utf8_valid(const char *s, size_t n);
 

@@ -444,6 +444,42 @@ def run_broker(a):
     st = status()
     say(st is not None and any(w["name"] == "w1" for w in st["workers"]) and any(w["name"] == "fake" for w in st["workers"]),
         "the broker still answers STATUS, with both workers")
+
+    # 13. (last: it makes v2 current) a worker's text of invalid UTF-8 bytes, echoed to clients with
+    # each bad byte as U+FFFD, still within its field's bound (READY arch: at most 31 bytes; SYNC_DONE
+    # failed reason: 511; STATUS lagging: 191), so a client that holds those bounds (reelctl) reads it
+    def invalid(hdr, key, n):
+        """hdr packed with hdr[key] a string of n bytes 0xff (not UTF-8)."""
+        hdr = dict(hdr, proto=PROTO, **{key: "Q" * n})
+        raw = msgpack.packb(hdr, use_bin_type=True)
+        return raw.replace(b"Q" * n, b"\xff" * n)
+
+    junk = Peer(net, a.workers, "junk", heartbeat=True)
+    junk.send_raw([invalid({"type": "READY", "name": "junk", "models": ["junkm"], "versions": {"transformer": 1},
+                            "device": "cpu"}, "arch", 31)])
+    jw = None
+    end = time.monotonic() + 10
+    while time.monotonic() < end and not jw:
+        jw = [w for w in (status() or {}).get("workers", []) if w["name"] == "junk"]
+        net.settle(0.1)
+    arch = jw[0]["arch"].encode() if jw else b""
+    say(jw and 0 < len(arch) <= 31, f"a READY arch of 31 bytes that are not UTF-8 comes back in STATUS within 31 bytes "
+        f"({len(arch)} bytes)")
+    cid = next(ids)
+    client.send({"type": "SYNC", "id": cid, "component": "transformer", "version": 2, "sha256": "ab" * 32,
+                 "path": "/nonexistent/w.safetensors", "deadline_ms": 20000})
+    for p, ok in ((fake, True), (junk, False)):
+        m = p.wait(lambda h, t: h.get("type") == "SYNC" and h.get("version") == 2, 10)
+        ack = {"type": "SYNC_ACK", "id": m[0]["id"] if m else 0, "component": "transformer", "version": 2, "ok": ok}
+        p.send_raw([invalid(ack, "error", 400)] if not ok else pack(ack))
+    m = client.wait(lambda h, t: h.get("id") == cid and h.get("type") in ("SYNC_DONE", "ERROR"), 30)
+    reasons = {f["worker"]: f["reason"].encode() for f in (m[0].get("failed") or [])} if m else {}
+    say(m is not None and m[0].get("applied") == ["fake"] and 0 < len(reasons.get("junk", b"")) <= 511,
+        f"a SYNC_ACK error of 400 bytes that are not UTF-8 comes back in SYNC_DONE within 511 bytes "
+        f"({why(m)}, {len(reasons.get('junk', b''))} bytes)")
+    jw = [w for w in (status() or {}).get("workers", []) if w["name"] == "junk"]
+    lag = jw[0]["lagging"].get("transformer", "").encode() if jw else b""
+    say(lag.startswith(b"v2: ") and len(lag) <= 191, f"its STATUS lagging reason stays within 191 bytes ({len(lag)} bytes)")
     done(0, None)
 
 
