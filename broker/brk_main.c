@@ -308,6 +308,33 @@ static int start_sockets(brk_t *b) {
     return 0;
 }
 
+/* Reads and drops what reaches the ROUTERs for CLOSE_DRAIN_MS before they
+ * close. libzmq 4.3.4 can lose a message that is still arriving when its
+ * socket closes (an UPLOAD's 4 MiB chunk at a SIGTERM), and with it the
+ * I/O thread's receive buffer that its first frame points into: 18,160
+ * bytes LeakSanitizer reports at exit (make asan-cli, cli_upload). A
+ * stand-alone CURVE ROUTER closing under such a stream leaked in 13 of
+ * 23 runs as it was, in 7 of 10 after reading only what had come, and in
+ * none of 30 after reading what came for 50 ms. The broker is stopping
+ * and has said so: what it reads now is dropped, as closing would. */
+#define CLOSE_DRAIN_MS 50
+static void drain_before_close(brk_t *b) {
+    zmq_pollitem_t items[2] = { { b->clients, 0, ZMQ_POLLIN, 0 }, { b->workers, 0, ZMQ_POLLIN, 0 } };
+    const int64_t until = brk_now_ms() + CLOSE_DRAIN_MS;
+    for (;;) {
+        bool read = false;
+        for (int i = 0; i < 2; i++) {
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            if (items[i].socket && zmq_msg_recv(&m, items[i].socket, ZMQ_DONTWAIT) >= 0) read = true;
+            zmq_msg_close(&m);
+        }
+        const int64_t left = until - brk_now_ms();
+        if (left <= 0) return;
+        if (!read && zmq_poll(items, items[1].socket ? 2 : 1, (long)left) < 0 && zmq_errno() != EINTR) return;
+    }
+}
+
 /* Closes what start_catalog and start_sockets opened (any of it). */
 static void stop_all(brk_t *b) {
     free_workers(b);
@@ -315,6 +342,7 @@ static void stop_all(brk_t *b) {
      * readers (an event sent to a closed reader blocks libzmq's IO thread) */
     if (b->zap && b->clients) (void)zmq_socket_monitor(b->clients, NULL, 0);
     if (b->zap && b->workers) (void)zmq_socket_monitor(b->workers, NULL, 0);
+    if (b->clients) drain_before_close(b);
     if (b->clients) {
         int linger = 200; /* let the shutdown ERRORs reach their clients */
         zmq_setsockopt(b->clients, ZMQ_LINGER, &linger, sizeof linger);
