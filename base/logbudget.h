@@ -3,9 +3,9 @@
  * the count is said once the window is over. So a peer that floods a
  * daemon with messages it refuses, or repeats, cannot fill its disk (the
  * broker's workers and their READYs again, READYs, refusals by kind,
- * SYNC resends, GEN resends and requests' ends: broker/brk_log.h; the
- * worker's refused REQUESTs, the broker's ERRORs and its requests' ends:
- * worker/wrk.h).
+ * SYNC resends, GEN resends, requests' ends and uploads: broker/brk_log.h;
+ * the worker's refused REQUESTs, the broker's ERRORs, its requests' ends
+ * and start notes, and refused SYNCs: worker/wrk.h).
  * Pure: the caller passes the time and writes the lines; one budget is
  * one thread's. */
 #ifndef REEL_BASE_LOGBUDGET_H

@@ -403,8 +403,9 @@ typedef struct {
     reel_log_budget_t resend_log;    /* trainers' SYNC resends (BRK_SYNC_RESENDS, brk_sync.c): no
                                       * refusals, but a trainer resending in a loop is as many lines */
     brk_log_kinds_t request_log;     /* clients' requests, by kind (BRK_GEN_RESENDS, BRK_REQUEST_ENDS:
-                                      * brk_requests.h): each line is a GEN or CANCEL's, and a client
-                                      * sends them in a loop as cheaply as refused ones */
+                                      * brk_requests.h; BRK_UPLOAD_LINES: brk_upload.h): each line is a
+                                      * GEN, CANCEL or UPLOAD's, and a client or trainer sends them in a
+                                      * loop as cheaply as refused ones */
 } brk_t;
 
 /* Notes route.applying of every worker: the newest transformer version of

@@ -462,9 +462,9 @@ def run_broker(a):
     while time.monotonic() < end and not jw:
         jw = [w for w in (status() or {}).get("workers", []) if w["name"] == "junk"]
         net.settle(0.1)
-    arch = jw[0]["arch"].encode() if jw else b""
-    say(jw and 0 < len(arch) <= 31, f"a READY arch of 31 bytes that are not UTF-8 comes back in STATUS within 31 bytes "
-        f"({len(arch)} bytes)")
+    arch = jw[0]["arch"] if jw else ""
+    say(arch == "\ufffd" * 10, f"a READY arch of 31 bytes that are not UTF-8 comes back in STATUS as 10 U+FFFD, "
+        f"30 bytes: within its 31 ({len(arch.encode())} bytes)")
     cid = next(ids)
     client.send({"type": "SYNC", "id": cid, "component": "transformer", "version": 2, "sha256": "ab" * 32,
                  "path": "/nonexistent/w.safetensors", "deadline_ms": 20000})
@@ -473,13 +473,14 @@ def run_broker(a):
         ack = {"type": "SYNC_ACK", "id": m[0]["id"] if m else 0, "component": "transformer", "version": 2, "ok": ok}
         p.send_raw([invalid(ack, "error", 400)] if not ok else pack(ack))
     m = client.wait(lambda h, t: h.get("id") == cid and h.get("type") in ("SYNC_DONE", "ERROR"), 30)
-    reasons = {f["worker"]: f["reason"].encode() for f in (m[0].get("failed") or [])} if m else {}
-    say(m is not None and m[0].get("applied") == ["fake"] and 0 < len(reasons.get("junk", b"")) <= 511,
-        f"a SYNC_ACK error of 400 bytes that are not UTF-8 comes back in SYNC_DONE within 511 bytes "
-        f"({why(m)}, {len(reasons.get('junk', b''))} bytes)")
+    reasons = {f["worker"]: f["reason"] for f in (m[0].get("failed") or [])} if m else {}
+    say(m is not None and m[0].get("applied") == ["fake"] and reasons.get("junk") == "\ufffd" * 170,
+        f"a SYNC_ACK error of 400 bytes that are not UTF-8 comes back in SYNC_DONE as 170 U+FFFD, 510 bytes: "
+        f"within its 511 ({why(m)}, {len(reasons.get('junk', '').encode())} bytes)")
     jw = [w for w in (status() or {}).get("workers", []) if w["name"] == "junk"]
-    lag = jw[0]["lagging"].get("transformer", "").encode() if jw else b""
-    say(lag.startswith(b"v2: ") and len(lag) <= 191, f"its STATUS lagging reason stays within 191 bytes ({len(lag)} bytes)")
+    lag = jw[0]["lagging"].get("transformer", "") if jw else ""
+    say(lag == "v2: " + "\ufffd" * 62, f"its STATUS lagging reason is 'v2: ' and 62 U+FFFD, 190 bytes: within its "
+        f"191 ({len(lag.encode())} bytes)")
     done(0, None)
 
 

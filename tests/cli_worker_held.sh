@@ -20,7 +20,13 @@
 #   3. 2,000 REQUESTs cancelled at once or past a deadline of 1 ms write at
 #      most 20 "request N failed" lines a window ("request ends: N more
 #      ..." once it is over; before: 2,000 lines), and the worker still
-#      runs a REQUEST.
+#      runs a REQUEST;
+#   4. 300 groups of 2 that --max-tokens 16 (one sample's tokens) splits
+#      into batches of 1, each run to its RESULT: at most 20 "a group of 2
+#      runs in batches of 1" lines a window ("request notes: ...");
+#   5. 300 SYNCs of a path that is not there, each acked not ok: at most
+#      20 "sync to vN refused" lines a window ("sync refusals: ..."), and
+#      the worker still runs a REQUEST.
 # Usage: cli_worker_held.sh BUILD
 set -u
 B="${1:-build}"
@@ -39,8 +45,8 @@ PIDS="$PIDS $WHELD"
 wait_for "$D/wheld.log" "holds at most 256 requests \(4 x --max-inflight 64\) and 8 MiB of their tensors" 60 "$WHELD" &&
     ok "the worker says what it holds at most: 4 x --max-inflight requests and --max-held-mb of their tensors" ||
     bad "the worker logs its bounds"
-timeout -k 5 230 $PY "$T/held_peer.py" --bind "ipc://$D/fb" --log "$D/wheld.log" --pid "$WHELD" --bound-mb 8 \
-    --for 200 >"$D/held.out" 2>&1
+timeout -k 5 330 $PY "$T/held_peer.py" --bind "ipc://$D/fb" --log "$D/wheld.log" --pid "$WHELD" --bound-mb 8 \
+    --for 300 >"$D/held.out" 2>&1
 py_checks "$D/held.out" $?
 gone "$WHELD" && { bad "the worker is still running"; show "$D/wheld.log"; } || ok "the worker is still running"
 stop_proc "$WHELD" && ok "the worker stops cleanly (exit 0)" || { bad "the worker stops cleanly"; show "$D/wheld.log"; }

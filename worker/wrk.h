@@ -248,9 +248,10 @@ void wrk_log_noted(wrk_t *w, const char *fmt, ...) __attribute__((format(printf,
  * line each otherwise. Any thread's: under w->streams_log_mu. Can't
  * fail. */
 void wrk_log_sync_refused(wrk_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Says the lines w->refused_log, w->said_log, w->ended_log, w->noted_log and w->sync_log left out
- * once their window is over, though no line of theirs came since (a flood
- * that stopped). The main thread's, on its ticks. Can't fail. */
+/* Says the lines w->refused_log, w->said_log, w->ended_log, w->noted_log
+ * and w->sync_log left out once their window is over, though no line of
+ * theirs came since (a flood that stopped). The main thread's, on its
+ * ticks. Can't fail. */
 void wrk_log_budgets_tick(wrk_t *w);
 
 #endif

@@ -573,11 +573,15 @@ static int start_req(wrk_stream_t *st, wrk_job_t *j) {
             gunlock(j->group);
         }
         if (j->chunk < j->n && j->n > rows_cap(w, &j->shape))
-            wrk_log_noted(w, "request %llu: a group of %d runs in batches of %d (a batch's tokens stay within --max-tokens %lld)",
-                    (unsigned long long)j->id, j->n, j->chunk, (long long)w->opt->max_tokens);
+            wrk_log_noted(w,
+                          "request %llu: a group of %d runs in batches of %d (a batch's tokens stay within "
+                          "--max-tokens %lld)",
+                          (unsigned long long)j->id, j->n, j->chunk, (long long)w->opt->max_tokens);
         else if (j->chunk < j->n)
-            wrk_log_noted(w, "request %llu: a group of %d runs in batches of %d (a batch of %d would not fit the %zu-byte budget)",
-                    (unsigned long long)j->id, j->n, j->chunk, j->n, w->opt->budget);
+            wrk_log_noted(w,
+                          "request %llu: a group of %d runs in batches of %d (a batch of %d would not fit the "
+                          "%zu-byte budget)",
+                          (unsigned long long)j->id, j->n, j->chunk, j->n, w->opt->budget);
     }
     for (;;) {
         int left = j->n - j->at, b = left < j->chunk ? left : j->chunk;
@@ -599,8 +603,8 @@ static int start_req(wrk_stream_t *st, wrk_job_t *j) {
             j->group->progress_total += ((left + j->chunk - 1) / j->chunk - (left + b - 1) / b) * j->loop.steps;
             gunlock(j->group);
         }
-        wrk_log_noted(w, "request %llu: a batch of %d samples cannot start (%s); batches of %d", (unsigned long long)j->id,
-                b, reel_err_text(), j->chunk);
+        wrk_log_noted(w, "request %llu: a batch of %d samples cannot start (%s); batches of %d",
+                      (unsigned long long)j->id, b, reel_err_text(), j->chunk);
     }
     if (j->at + (int)tdit_req_batch(j->req) >= j->n) { /* the last start: the host copies are uploaded */
         free(j->latent);
