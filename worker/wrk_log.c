@@ -53,30 +53,31 @@ void wrk_log_said(wrk_t *w, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* vlimited for a budget any thread writes: under w->streams_log_mu. */
+static void vlocked(wrk_t *w, reel_log_budget_t *lb, const char *who, const char *fmt, va_list ap) {
+    pthread_mutex_lock(&w->streams_log_mu);
+    vlimited(w, lb, who, fmt, ap);
+    pthread_mutex_unlock(&w->streams_log_mu);
+}
+
 void wrk_log_ended(wrk_t *w, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    pthread_mutex_lock(&w->streams_log_mu); /* (the streams share it) */
-    vlimited(w, &w->ended_log, ENDED_WHO, fmt, ap);
-    pthread_mutex_unlock(&w->streams_log_mu);
+    vlocked(w, &w->ended_log, ENDED_WHO, fmt, ap);
     va_end(ap);
 }
 
 void wrk_log_noted(wrk_t *w, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    pthread_mutex_lock(&w->streams_log_mu);
-    vlimited(w, &w->noted_log, NOTED_WHO, fmt, ap);
-    pthread_mutex_unlock(&w->streams_log_mu);
+    vlocked(w, &w->noted_log, NOTED_WHO, fmt, ap);
     va_end(ap);
 }
 
 void wrk_log_sync_refused(wrk_t *w, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    pthread_mutex_lock(&w->streams_log_mu);
-    vlimited(w, &w->sync_log, SYNC_WHO, fmt, ap);
-    pthread_mutex_unlock(&w->streams_log_mu);
+    vlocked(w, &w->sync_log, SYNC_WHO, fmt, ap);
     va_end(ap);
 }
 
